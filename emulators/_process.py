@@ -1,0 +1,178 @@
+"""Start and stop a local server process on a free loopback port.
+
+Every emulator and test server leasekit's tests need (Azurite, moto, the MNS and
+Service Bus emulators) is started through :class:`ServerProcess`, so they all
+share one way to pick a port, wait until the port accepts connections, and stop
+the process (SIGTERM, then SIGKILL after a grace period) without leaving it behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import IO
+
+__all__ = ["ServerProcess", "ServerStartError", "free_port", "python_module", "wait_for_port"]
+
+LOOPBACK = "127.0.0.1"
+
+
+class ServerStartError(RuntimeError):
+    """Raised when a server process exits or does not open its port in time."""
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """Return a TCP port on ``host`` that is free right now.
+
+    The port is released before returning, so another process could take it;
+    on a loopback address in a test run that race is rare and shows as a clear
+    start error rather than a hang.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_for_port(host: str, port: int, timeout: float) -> bool:
+    """Poll until ``host:port`` accepts a TCP connection or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    delay = 0.01
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return True
+        except OSError:
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
+    return False
+
+
+class ServerProcess:
+    """A subprocess serving on ``host:port``; a context manager.
+
+    Parameters:
+        argv: the command line to run.
+        port: the port the command will listen on (see :func:`free_port`).
+        host: the address it listens on; loopback by default.
+        env: extra environment variables for the child.
+        cwd: working directory for the child.
+        start_timeout: seconds to wait for the port to open.
+        name: a short name for error messages.
+
+    The child's stdout and stderr go to a temporary file whose tail is put in
+    the :class:`ServerStartError` message if the server fails to start.
+    """
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        port: int,
+        *,
+        host: str = LOOPBACK,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        start_timeout: float = 30.0,
+        name: str | None = None,
+    ) -> None:
+        self.argv = list(argv)
+        self.port = port
+        self.host = host
+        self.env = dict(env or {})
+        self.cwd = cwd
+        self.start_timeout = start_timeout
+        self.name = name or os.path.basename(self.argv[0])
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    def __repr__(self) -> str:
+        return f"<ServerProcess {self.name} {self.host}:{self.port}>"
+
+    @property
+    def pid(self) -> int | None:
+        """The child's process id while it runs."""
+        return self._proc.pid if self._proc else None
+
+    def start(self) -> ServerProcess:
+        """Start the process and wait until its port accepts connections."""
+        self._log = tempfile.TemporaryFile(prefix=f"{self.name}-")
+        env = {**os.environ, **self.env}
+        self._proc = subprocess.Popen(
+            self.argv,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=self.cwd,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                out = self.output()
+                self.stop()
+                raise ServerStartError(
+                    f"{self.name} exited with code {self._proc.returncode} before "
+                    f"listening on {self.host}:{self.port}:\n{out[-4000:]}"
+                )
+            if wait_for_port(self.host, self.port, timeout=0.2):
+                return self
+        out = self.output()
+        self.stop()
+        raise ServerStartError(
+            f"{self.name} did not listen on {self.host}:{self.port} within "
+            f"{self.start_timeout:.0f} s:\n{out[-4000:]}"
+        )
+
+    def output(self) -> str:
+        """Everything the child printed so far."""
+        if self._log is None:
+            return ""
+        self._log.flush()
+        self._log.seek(0)
+        data = self._log.read()
+        self._log.seek(0, os.SEEK_END)
+        return data.decode("utf-8", "replace")
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop the process group: SIGTERM, then SIGKILL after ``grace`` seconds."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait(timeout=grace)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    """Argv that runs ``python -m module args`` with this interpreter."""
+    return [sys.executable, "-m", module, *args]
