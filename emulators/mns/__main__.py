@@ -1,0 +1,84 @@
+"""Command line: ``python -m leasekit.emulators.mns --port N``.
+
+Options:
+    --host ADDRESS            listen address (default 127.0.0.1)
+    --port N                  port (default 0: pick a free one and log it)
+    --access-key-id ID        accepted AccessKey ID (default $LEASEKIT_MNS_ACCESS_KEY_ID,
+                              else "leasekit-mns-emulator")
+    --access-key-secret S     its secret (default $LEASEKIT_MNS_ACCESS_KEY_SECRET, else
+                              "leasekit-mns-emulator-secret"); prefer the environment
+                              variable, which other users cannot see in the process list
+    --log-level LEVEL         DEBUG logs every request (default INFO)
+
+SIGTERM and Ctrl-C stop the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from types import FrameType
+
+from .server import DEFAULT_ACCESS_KEY_ID, DEFAULT_ACCESS_KEY_SECRET, serve
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m leasekit.emulators.mns",
+        description="Wire-level Alibaba Cloud MNS queue emulator (in memory).",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="listen address (default %(default)s)")
+    parser.add_argument("--port", type=int, default=0, help="port; 0 picks a free one")
+    parser.add_argument(
+        "--access-key-id",
+        default=os.environ.get("LEASEKIT_MNS_ACCESS_KEY_ID", DEFAULT_ACCESS_KEY_ID),
+        help="accepted AccessKey ID (env LEASEKIT_MNS_ACCESS_KEY_ID)",
+    )
+    parser.add_argument(
+        "--access-key-secret",
+        default=os.environ.get("LEASEKIT_MNS_ACCESS_KEY_SECRET", DEFAULT_ACCESS_KEY_SECRET),
+        help="its secret (env LEASEKIT_MNS_ACCESS_KEY_SECRET, preferred)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="DEBUG logs every request (default %(default)s)",
+    )
+    return parser
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv``, then serve until SIGTERM or Ctrl-C.
+
+    Returns:
+        The process exit status.
+    """
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    signal.signal(signal.SIGTERM, _stop)
+    with contextlib.suppress(KeyboardInterrupt):
+        serve(
+            args.host,
+            args.port,
+            access_key_id=args.access_key_id,
+            access_key_secret=args.access_key_secret,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

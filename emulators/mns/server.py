@@ -1,0 +1,360 @@
+# House docstring style uses "Parameters:"/"Returns:"/"Raises:" sections (STYLE.md 14), which
+# ruff's unconfigured pydocstyle misreads as numpy sections.
+# ruff: noqa: D406, D407, D417
+"""The MNS emulator's HTTP server: routes MNS's REST API onto :class:`MnsStore`.
+
+Routes (MNS API version ``2015-06-06``, queue model only)::
+
+    GET    /queues                                 ListQueue
+    PUT    /queues/{q}                             CreateQueue (201; 204 if identical)
+    PUT    /queues/{q}?metaoverride=true           SetQueueAttributes (204)
+    GET    /queues/{q}                             GetQueueAttributes
+    DELETE /queues/{q}                             DeleteQueue (204)
+    POST   /queues/{q}/messages                    SendMessage / BatchSendMessage (201)
+    GET    /queues/{q}/messages[?waitseconds=N]    ReceiveMessage
+    GET    ...?numOfMessages=N[&waitseconds=N]     BatchReceiveMessage
+    GET    ...?peekonly=true[&numOfMessages=N]     PeekMessage / BatchPeekMessage
+    PUT    ...?ReceiptHandle=H&VisibilityTimeout=S ChangeMessageVisibility
+    DELETE ...?ReceiptHandle=H                     DeleteMessage (204)
+    DELETE ... with <ReceiptHandles> body          BatchDeleteMessage (204, or 404 + <Errors>)
+
+Every request must be signed (see :mod:`.auth`); every response carries
+``Content-Length``, ``x-mns-request-id`` and ``x-mns-version``. Query parameter
+names are matched case-insensitively (the docs write ``receiptHandle``, the
+Python SDK ``ReceiptHandle``); values are taken as sent, not form-decoded, so a
+``+`` stays a ``+``.
+
+Deviations and choices where MNS's documentation is silent:
+
+- BatchDeleteMessage with some failed handles answers 404 with the documented
+  ``<Errors>`` list; handles that succeeded are deleted.
+- BatchSendMessage validates every message first and rejects the whole batch
+  with one ``<Error>`` if any is invalid (MNS may accept part of a batch).
+- DeleteQueue of a missing queue answers 204 (its docs list no special error).
+- Topics, subscriptions, account attributes, FIFO queues (``MessageGroupId``),
+  dead-letter policies, QPS limits and ``TimeExpired`` are not emulated.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from urllib.parse import unquote
+
+from . import wire
+from .auth import MNS_VERSION, check_request
+from .errors import MnsError
+from .store import Clock, MnsStore
+
+__all__ = [
+    "DEFAULT_ACCESS_KEY_ID",
+    "DEFAULT_ACCESS_KEY_SECRET",
+    "MnsEmulator",
+    "serve",
+]
+
+log = logging.getLogger("leasekit.emulators.mns")
+
+# Well-known development credentials, like Azurite's account key: not secret.
+DEFAULT_ACCESS_KEY_ID = "leasekit-mns-emulator"
+DEFAULT_ACCESS_KEY_SECRET = "leasekit-mns-emulator-secret"
+
+_Reply = tuple[int, bytes, dict[str, str]]
+
+
+def _int_param(params: Mapping[str, str], name: str) -> int | None:
+    raw = params.get(name.lower())
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise MnsError.invalid_argument(f"The value of {name} must be an integer.") from None
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], emulator: MnsEmulator) -> None:
+        self.emulator = emulator
+        super().__init__(address, _Handler)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as the SDK expects
+    server_version = "leasekit-mns-emulator"
+    server: _Server
+
+    def do_GET(self) -> None:
+        """Handle GET."""
+        self._handle()
+
+    def do_PUT(self) -> None:
+        """Handle PUT."""
+        self._handle()
+
+    def do_POST(self) -> None:
+        """Handle POST."""
+        self._handle()
+
+    def do_DELETE(self) -> None:
+        """Handle DELETE."""
+        self._handle()
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        """Silence the default access log; :meth:`_handle` logs each request."""
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Route http.server's own messages (bad requests) to the debug log."""
+        log.debug("%s: " + format, self.address_string(), *args)
+
+    def _handle(self) -> None:
+        started = time.monotonic()
+        request_id = secrets.token_hex(12).upper()
+        headers = {name.lower(): value for name, value in self.headers.items()}
+        emulator = self.server.emulator
+        base_url = f"http://{headers.get('host') or f'{emulator.host}:{emulator.port}'}"
+        try:
+            length = int(headers.get("content-length") or 0)
+        except ValueError:
+            length = 0
+        body = self.rfile.read(length) if length > 0 else b""
+        try:
+            check_request(self.command, headers, self.path, body, emulator.credentials)
+            status, payload, extra = self._dispatch(headers, body, base_url)
+        except MnsError as exc:
+            status, extra = exc.status, {}
+            payload = wire.error_xml(exc.code, exc.message, request_id, base_url)
+        except Exception:
+            log.exception("internal error handling %s %s", self.command, self.path)
+            status, extra = 500, {}
+            payload = wire.error_xml("InternalError", "Internal error.", request_id, base_url)
+        self.send_response(status)
+        if payload:
+            self.send_header("Content-Type", "text/xml;charset=utf-8")
+        self.send_header("Content-Length", str(len(payload)))
+        self.send_header("x-mns-request-id", request_id)
+        self.send_header("x-mns-version", MNS_VERSION)
+        for name, value in extra.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(payload)
+        log.debug(
+            "%s %s -> %d (%.1f ms, request %s)",
+            self.command,
+            self.path,
+            status,
+            (time.monotonic() - started) * 1000,
+            request_id,
+        )
+
+    def _dispatch(self, headers: Mapping[str, str], body: bytes, base_url: str) -> _Reply:
+        path, _, query = self.path.partition("?")
+        params: dict[str, str] = {}
+        for part in query.split("&"):
+            if part:
+                key, _, value = part.partition("=")
+                params[unquote(key).lower()] = unquote(value)
+        segments = [unquote(s) for s in path.split("/") if s]
+        method = self.command
+        if segments == ["queues"] and method == "GET":
+            return self._list_queues(headers, base_url)
+        if len(segments) == 2 and segments[0] == "queues":
+            return self._queue(method, segments[1], params, body, base_url)
+        if len(segments) == 3 and segments[0] == "queues" and segments[2] == "messages":
+            return self._messages(method, segments[1], params, body)
+        raise MnsError("InvalidRequestURL", 400, "Http request URL format invalid.")
+
+    def _list_queues(self, headers: Mapping[str, str], base_url: str) -> _Reply:
+        store = self.server.emulator.store
+        try:
+            limit = int(headers.get("x-mns-ret-number", "1000"))
+        except ValueError:
+            raise MnsError.invalid_argument("x-mns-ret-number must be an integer.") from None
+        names, next_marker = store.list_queues(
+            headers.get("x-mns-prefix", ""), headers.get("x-mns-marker", ""), limit
+        )
+        infos = []
+        for name in names:
+            try:
+                infos.append(store.get_queue(name))
+            except MnsError:  # deleted since listed
+                continue
+        with_meta = headers.get("x-mns-with-meta", "").lower() == "true"
+        return 200, wire.queues_xml(base_url, infos, next_marker, with_meta), {}
+
+    def _queue(
+        self, method: str, name: str, params: Mapping[str, str], body: bytes, base_url: str
+    ) -> _Reply:
+        store = self.server.emulator.store
+        if method == "PUT":
+            attributes, logging_enabled = wire.parse_queue_attributes(body)
+            if params.get("metaoverride", "").lower() == "true":
+                store.set_queue_attributes(name, attributes, logging_enabled)
+                return 204, b"", {}
+            created = store.create_queue(name, attributes, logging_enabled)
+            # The Python SDK reads Location on 204 too.
+            return (201 if created else 204), b"", {"Location": f"{base_url}/queues/{name}"}
+        if method == "GET":
+            return 200, wire.queue_xml(store.get_queue(name)), {}
+        if method == "DELETE":
+            store.delete_queue(name)
+            return 204, b"", {}
+        raise MnsError("InvalidRequestURL", 400, "Http request URL format invalid.")
+
+    def _messages(self, method: str, name: str, params: Mapping[str, str], body: bytes) -> _Reply:
+        store = self.server.emulator.store
+        if method == "POST":
+            messages, batch = wire.parse_messages(body)
+            return 201, wire.sent_xml(store.send(name, messages), batch), {}
+        if method == "GET":
+            count = _int_param(params, "numOfMessages")
+            if params.get("peekonly", "").lower() == "true":
+                views = store.peek(name, 1 if count is None else count)
+            else:
+                wait = _int_param(params, "waitseconds")
+                views = store.receive(name, 1 if count is None else count, wait)
+            if count is None:
+                return 200, wire.message_xml(views[0]), {}
+            return 200, wire.messages_xml(views), {}
+        if method == "PUT":
+            handle = params.get("receipthandle")
+            if not handle:
+                raise MnsError("MissingReceiptHandle", 400, "ReceiptHandle is required.")
+            seconds = _int_param(params, "VisibilityTimeout")
+            if seconds is None:
+                raise MnsError("MissingVisibilityTimeout", 400, "VisibilityTimeout is required.")
+            new_handle, next_visible = store.change_visibility(name, handle, seconds)
+            return 200, wire.change_visibility_xml(new_handle, next_visible), {}
+        if method == "DELETE":
+            if "receipthandle" in params:
+                handle = params["receipthandle"]
+                if not handle:
+                    raise MnsError("MissingReceiptHandle", 400, "ReceiptHandle is required.")
+                store.delete(name, handle)
+                return 204, b"", {}
+            failures = store.delete_batch(name, wire.parse_receipt_handles(body))
+            if not failures:
+                return 204, b"", {}
+            return 404, wire.batch_delete_errors_xml(failures), {}
+        raise MnsError("InvalidRequestURL", 400, "Http request URL format invalid.")
+
+
+class MnsEmulator:
+    """An MNS endpoint served from a background thread or the calling one.
+
+    Parameters:
+        host: the address to listen on.
+        port: the port; 0 picks a free one (see :attr:`port`).
+        access_key_id: the accepted AccessKey ID.
+        access_key_secret: its secret.
+        credentials: several accepted ``{id: secret}`` pairs instead of one.
+        clock: time source in epoch seconds for message timing (tests pass a
+            fake one to age messages without waiting).
+
+    Use it as a context manager (``with MnsEmulator() as mns: mns.endpoint``) or
+    call :meth:`start`/:meth:`stop`; :meth:`serve_forever` blocks instead.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        access_key_id: str = DEFAULT_ACCESS_KEY_ID,
+        access_key_secret: str = DEFAULT_ACCESS_KEY_SECRET,
+        credentials: Mapping[str, str] | None = None,
+        clock: Clock = time.time,
+    ) -> None:
+        self.credentials: dict[str, str] = (
+            dict(credentials) if credentials is not None else {access_key_id: access_key_secret}
+        )
+        self.store = MnsStore(clock)
+        self._server = _Server((host, port), self)
+        self._thread: threading.Thread | None = None
+
+    def __repr__(self) -> str:
+        return f"<MnsEmulator {self.endpoint}>"
+
+    @property
+    def host(self) -> str:
+        """The address the server listens on."""
+        return str(self._server.server_address[0])
+
+    @property
+    def port(self) -> int:
+        """The port the server listens on."""
+        return int(self._server.server_address[1])
+
+    @property
+    def endpoint(self) -> str:
+        """The URL to give ``mns.account.Account``: ``http://host:port``."""
+        return f"http://{self.host}:{self.port}"
+
+    def serve_forever(self) -> None:
+        """Serve requests in the calling thread until :meth:`stop` or an exception."""
+        try:
+            self._server.serve_forever(poll_interval=0.2)
+        finally:
+            self._server.server_close()
+
+    def start(self) -> MnsEmulator:
+        """Serve from a daemon thread and return self."""
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._server.serve_forever,
+                kwargs={"poll_interval": 0.2},
+                name=f"mns-emulator-{self.port}",
+                daemon=True,
+            )
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the listening socket; blocked long polls end with the process."""
+        if self._thread is not None:
+            self._server.shutdown()
+            self._thread.join()
+            self._thread = None
+        self._server.server_close()
+
+    def __enter__(self) -> MnsEmulator:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def serve(
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    access_key_id: str = DEFAULT_ACCESS_KEY_ID,
+    access_key_secret: str = DEFAULT_ACCESS_KEY_SECRET,
+    clock: Clock = time.time,
+) -> None:
+    """Run an emulator in the calling thread until interrupted.
+
+    Parameters:
+        host: the address to listen on.
+        port: the port (0 picks a free one; it is logged).
+        access_key_id: the accepted AccessKey ID.
+        access_key_secret: its secret (never logged).
+        clock: time source in epoch seconds.
+    """
+    emulator = MnsEmulator(
+        host, port, access_key_id=access_key_id, access_key_secret=access_key_secret, clock=clock
+    )
+    log.info("MNS emulator listening on %s (AccessKeyId %s)", emulator.endpoint, access_key_id)
+    emulator.serve_forever()
