@@ -1,0 +1,83 @@
+"""leasekit: safe, portable leased queue messages.
+
+One :class:`Queue` / :class:`Lease` API over every backend, opened by URL::
+
+    import leasekit
+
+    with leasekit.open("sqlite:///orders.db?queue=orders", create=True) as q:
+        q.send(b"hello")
+        for lease in q.lease(max_messages=10, duration=30, wait=5):
+            handle(lease.message.body)
+            lease.complete()
+
+Errors are in :mod:`leasekit.errors` (all re-exported here); the backend SPI
+for vendors is :mod:`leasekit.spi`.
+"""
+
+from __future__ import annotations
+
+from .capabilities import Capabilities
+from .clock import Clock, ManualClock, SystemClock
+from .errors import (
+    AuthenticationFailed,
+    BackendError,
+    BackendNotFound,
+    BackendNotInstalled,
+    BackendUnavailable,
+    InvalidArgument,
+    InvalidLeaseDuration,
+    InvalidURL,
+    LeaseError,
+    LeaseLost,
+    LeaseStateError,
+    MessageTooLarge,
+    QueueAlreadyExists,
+    QueueEmpty,
+    QueueNotFound,
+    UnsupportedOperation,
+)
+from .hookspecs import hookimpl
+from .lease import Lease
+from .message import LeaseState, Message
+from .queue import Queue
+from .registry import BackendRegistry, BackendSpec, default_registry, open
+from .retry import RetryPolicy
+from .spi import DeadLetter, QueueStats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AuthenticationFailed",
+    "BackendError",
+    "BackendNotFound",
+    "BackendNotInstalled",
+    "BackendRegistry",
+    "BackendSpec",
+    "BackendUnavailable",
+    "Capabilities",
+    "Clock",
+    "DeadLetter",
+    "InvalidArgument",
+    "InvalidLeaseDuration",
+    "InvalidURL",
+    "Lease",
+    "LeaseError",
+    "LeaseLost",
+    "LeaseState",
+    "LeaseStateError",
+    "ManualClock",
+    "Message",
+    "MessageTooLarge",
+    "Queue",
+    "QueueAlreadyExists",
+    "QueueEmpty",
+    "QueueNotFound",
+    "QueueStats",
+    "RetryPolicy",
+    "SystemClock",
+    "UnsupportedOperation",
+    "__version__",
+    "default_registry",
+    "hookimpl",
+    "open",
+]

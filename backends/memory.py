@@ -1,0 +1,413 @@
+"""The in-memory backend: leasekit's reference semantics, for tests and prototypes.
+
+URLs:
+    ``memory://orders`` — queue ``orders`` in the process-wide default broker.
+    Keyword form: ``leasekit.open("memory", queue="orders", broker=..., clock=...)``.
+    Give a :class:`MemoryBroker` (or a ``clock``, e.g. :class:`leasekit.ManualClock`)
+    to isolate tests or to control time: with a manual clock, lease expiry happens
+    when the test advances the clock, with no sleeping.
+
+Delivery semantics:
+    At least once. A leased message is invisible until its lease ends, then comes
+    back with a new receipt and ``delivery_count + 1``. Each delivery has its own
+    receipt; a stale one is refused (``LeaseLost``). A receipt whose lease expired
+    but whose message nobody re-leased still works. Renew keeps the receipt unless
+    ``rotate_receipts=True`` (which imitates Azure Storage Queue's pop receipts).
+    Delivery order: by visibility time, then send order.
+
+Limits:
+    Leases 0.01 s – 7 days at millisecond resolution; 256 messages per receive,
+    delete, renew and send call; bodies up to ``max_message_size`` (256 KiB by
+    default); long polls wake on arrival.
+
+Raw types:
+    ``lease.raw`` is ``None``; errors are :class:`leasekit.spi.DriverError`.
+
+Errors:
+    Unknown queue → ``QueueNotFound``; stale, expired-and-redelivered, completed
+    or TTL-expired receipt → ``LeaseLost``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import secrets
+import threading
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from leasekit.capabilities import Capabilities
+from leasekit.clock import Clock, SystemClock, to_datetime
+from leasekit.hookspecs import hookimpl
+from leasekit.options import as_bool, as_int
+from leasekit.registry import BackendSpec
+from leasekit.spi import (
+    DeadLetter,
+    Driver,
+    DriverError,
+    ErrorCode,
+    OutgoingMessage,
+    QueueStats,
+    RawMessage,
+    Visibility,
+)
+
+__all__ = ["MemoryBroker", "MemoryDriver"]
+
+WEEK = 7 * 24 * 3600.0
+#: Per-call batch limit: large enough that batching pays, small enough that one
+#: call never holds the broker lock for long.
+BATCH = 256
+#: How often a waiting receive re-checks the clock when nothing notified it
+#: (expiry of someone else's lease does not notify).
+WAIT_TICK = 0.02
+
+
+@hookimpl
+def leasekit_add_backends() -> list[BackendSpec]:
+    """Register ``memory``."""
+    return [
+        BackendSpec(
+            name="memory",
+            driver="leasekit.backends.memory:MemoryDriver",
+            description="in-process queues for tests and prototypes (injectable clock)",
+        )
+    ]
+
+
+@dataclass
+class _Record:
+    id: str
+    body: bytes
+    properties: dict[str, str]
+    enqueued_at: float
+    visible_at: float
+    expires_at: float | None
+    seq: int
+    delivery_count: int = 0
+    receipt: str | None = None
+    version: int = 0
+
+
+@dataclass
+class _MemoryQueue:
+    records: dict[str, _Record] = field(default_factory=dict)
+    heap: list[tuple[float, int, str, int]] = field(default_factory=list)
+    dead: list[DeadLetter] = field(default_factory=list)
+
+    def push(self, rec: _Record) -> None:
+        rec.version += 1
+        heapq.heappush(self.heap, (rec.visible_at, rec.seq, rec.id, rec.version))
+
+
+class MemoryBroker:
+    """A set of named in-memory queues sharing one clock; thread-safe.
+
+    Parameters
+    ----------
+        clock: the time source for every lease, delay and TTL (wall clock by default).
+    """
+
+    _default: MemoryBroker | None = None
+    _by_clock: weakref.WeakKeyDictionary[Clock, MemoryBroker] = weakref.WeakKeyDictionary()
+    _class_lock = threading.Lock()
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock: Clock = clock or SystemClock()
+        self.queues: dict[str, _MemoryQueue] = {}
+        self.cond = threading.Condition(threading.Lock())
+        self._seq = itertools.count()
+
+    def __repr__(self) -> str:
+        return f"<MemoryBroker queues={sorted(self.queues)} clock={self.clock!r}>"
+
+    @classmethod
+    def default(cls) -> MemoryBroker:
+        """The process-wide broker behind ``memory://`` URLs."""
+        with cls._class_lock:
+            if cls._default is None:
+                cls._default = MemoryBroker()
+            return cls._default
+
+    @classmethod
+    def for_clock(cls, clock: Clock) -> MemoryBroker:
+        """The broker that uses ``clock`` (one per clock object)."""
+        with cls._class_lock:
+            broker = cls._by_clock.get(clock)
+            if broker is None:
+                broker = cls._by_clock[clock] = MemoryBroker(clock)
+            return broker
+
+    def next_seq(self) -> int:
+        """A new sequence number (send order)."""
+        return next(self._seq)
+
+
+def _not_found(queue: str) -> DriverError:
+    return DriverError(
+        ErrorCode.QUEUE_NOT_FOUND, f"queue {queue!r} does not exist", backend_code="QueueNotFound"
+    )
+
+
+def _lost(what: str) -> DriverError:
+    return DriverError(ErrorCode.LEASE_LOST, what, backend_code="LeaseLost")
+
+
+class MemoryDriver(Driver):
+    """Driver for one in-memory queue.
+
+    Parameters
+    ----------
+        queue: the queue name.
+        broker: the broker holding the queue (the default broker if ``None``).
+        clock: a clock; selects the broker for that clock if ``broker`` is not given.
+        rotate_receipts: give a new receipt on every renew (imitates Azure pop receipts).
+        max_message_size: the largest body in bytes.
+    """
+
+    scheme = "memory"
+
+    def __init__(
+        self,
+        queue: str,
+        broker: MemoryBroker | None = None,
+        clock: Clock | None = None,
+        rotate_receipts: bool | str = False,
+        max_message_size: int | str = 256 * 1024,
+    ) -> None:
+        if not queue or not isinstance(queue, str):
+            raise ValueError("memory: a queue name is required (memory://NAME)")
+        if broker is not None and clock is not None and broker.clock is not clock:
+            raise ValueError("memory: give either broker or clock, not both")
+        self.queue = queue
+        self.broker = broker or (MemoryBroker.for_clock(clock) if clock else MemoryBroker.default())
+        self._clock = self.broker.clock
+        self._rotate = as_bool(rotate_receipts, "rotate_receipts")
+        size = as_int(max_message_size, "max_message_size", minimum=1)
+        self.capabilities = Capabilities(
+            min_lease=0.01,
+            max_lease=WEEK,
+            lease_resolution=0.001,
+            renew_rotates_receipt=self._rotate,
+            detects_stale_receipts=True,
+            expired_receipt_usable=True,
+            max_receive_batch=BATCH,
+            max_delete_batch=BATCH,
+            max_renew_batch=BATCH,
+            max_send_batch=BATCH,
+            max_message_size=size,
+            max_wait=1.0,
+            max_abandon_delay=WEEK,
+            max_send_delay=WEEK,
+            max_ttl=365 * 24 * 3600.0,
+            supports_properties=True,
+            native_dead_letter=True,
+            delivery_count=True,
+            queue_stats=True,
+            inspect_dead_letters=True,
+        )
+
+    def __repr__(self) -> str:
+        return f"<MemoryDriver {self.queue!r}>"
+
+    # ---------------------------------------------------------------- helpers
+
+    def _q(self) -> _MemoryQueue:
+        q = self.broker.queues.get(self.queue)
+        if q is None:
+            raise _not_found(self.queue)
+        return q
+
+    def _held(self, q: _MemoryQueue, receipt: str, now: float) -> _Record:
+        message_id = receipt.partition(":")[0]
+        rec = q.records.get(message_id)
+        if rec is None:
+            raise _lost(f"message {message_id!r} is gone (completed or expired)")
+        if rec.expires_at is not None and rec.expires_at <= now:
+            del q.records[message_id]
+            raise _lost(f"message {message_id!r} expired (time-to-live)")
+        if rec.receipt != receipt:
+            raise _lost(f"receipt for {message_id!r} is stale: the message was leased again")
+        return rec
+
+    # --------------------------------------------------------------- messages
+
+    def send(self, message: OutgoingMessage) -> str:
+        """Add a message."""
+        broker = self.broker
+        with broker.cond:
+            q = self._q()
+            now = self._clock.time()
+            message_id = secrets.token_hex(12)
+            rec = _Record(
+                id=message_id,
+                body=message.body,
+                properties=dict(message.properties),
+                enqueued_at=now,
+                visible_at=now + message.delay,
+                expires_at=now + message.ttl if message.ttl is not None else None,
+                seq=broker.next_seq(),
+            )
+            q.records[message_id] = rec
+            q.push(rec)
+            broker.cond.notify_all()
+            return message_id
+
+    def send_batch(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
+        """Add several messages."""
+        return [self.send(m) for m in messages]
+
+    def receive(self, max_messages: int, visibility: float, wait: float) -> list[RawMessage]:
+        """Lease up to ``max_messages``; wait up to ``wait`` seconds for the first."""
+        broker = self.broker
+        with broker.cond:
+            remaining = wait
+            while True:
+                out = self._receive_now(max_messages, visibility)
+                if out or remaining <= 0:
+                    return out
+                tick = min(remaining, WAIT_TICK)
+                broker.cond.wait(tick)
+                remaining -= tick
+
+    def _receive_now(self, max_messages: int, visibility: float) -> list[RawMessage]:
+        q = self._q()
+        now = self._clock.time()
+        out: list[RawMessage] = []
+        heap = q.heap
+        while heap and len(out) < max_messages and heap[0][0] <= now:
+            _, _, message_id, version = heapq.heappop(heap)
+            rec = q.records.get(message_id)
+            if rec is None or rec.version != version:
+                continue
+            if rec.expires_at is not None and rec.expires_at <= now:
+                del q.records[message_id]
+                continue
+            rec.delivery_count += 1
+            rec.receipt = f"{message_id}:{secrets.token_hex(8)}"
+            rec.visible_at = now + visibility
+            q.push(rec)
+            out.append(
+                RawMessage(
+                    id=rec.id,
+                    body=rec.body,
+                    receipt=rec.receipt,
+                    delivery_count=rec.delivery_count,
+                    enqueued_at=to_datetime(rec.enqueued_at),
+                    visible_until=to_datetime(rec.visible_at),
+                    properties=dict(rec.properties),
+                )
+            )
+        return out
+
+    def change_visibility(self, receipt: str, seconds: float) -> Visibility:
+        """Hide the message for ``seconds`` from now (0: visible at once)."""
+        broker = self.broker
+        with broker.cond:
+            q = self._q()
+            now = self._clock.time()
+            rec = self._held(q, receipt, now)
+            rec.visible_at = now + seconds
+            if self._rotate:
+                rec.receipt = f"{rec.id}:{secrets.token_hex(8)}"
+            q.push(rec)
+            if seconds <= 0:
+                broker.cond.notify_all()
+            assert rec.receipt is not None
+            return Visibility(rec.receipt, to_datetime(rec.visible_at))
+
+    def change_visibility_batch(
+        self, receipts: Sequence[str], seconds: float
+    ) -> list[Visibility | BaseException]:
+        """Change visibility for several receipts under one lock."""
+        results: list[Visibility | BaseException] = []
+        with self.broker.cond:
+            for receipt in receipts:
+                try:
+                    results.append(self.change_visibility(receipt, seconds))
+                except DriverError as exc:
+                    if exc.code is ErrorCode.QUEUE_NOT_FOUND:
+                        raise
+                    results.append(exc)
+        return results
+
+    def delete(self, receipt: str) -> None:
+        """Delete the leased message."""
+        with self.broker.cond:
+            q = self._q()
+            rec = self._held(q, receipt, self._clock.time())
+            del q.records[rec.id]
+
+    def delete_batch(self, receipts: Sequence[str]) -> list[BaseException | None]:
+        """Delete several under one lock."""
+        results: list[BaseException | None] = []
+        with self.broker.cond:
+            q = self._q()
+            now = self._clock.time()
+            for receipt in receipts:
+                try:
+                    rec = self._held(q, receipt, now)
+                    del q.records[rec.id]
+                    results.append(None)
+                except DriverError as exc:
+                    results.append(exc)
+        return results
+
+    def dead_letter(self, receipt: str, reason: str, message: RawMessage) -> None:
+        """Move the leased message to this queue's dead-letter list."""
+        with self.broker.cond:
+            q = self._q()
+            rec = self._held(q, receipt, self._clock.time())
+            del q.records[rec.id]
+            q.dead.append(
+                DeadLetter(
+                    id=rec.id,
+                    body=rec.body,
+                    reason=reason,
+                    delivery_count=rec.delivery_count,
+                    properties=dict(rec.properties),
+                )
+            )
+
+    def dead_letters(self, limit: int) -> list[DeadLetter]:
+        """The oldest ``limit`` dead letters."""
+        with self.broker.cond:
+            return list(self._q().dead[:limit])
+
+    def stats(self) -> QueueStats:
+        """Counts by state."""
+        with self.broker.cond:
+            q = self._q()
+            now = self._clock.time()
+            visible = leased = delayed = 0
+            for rec in q.records.values():
+                if rec.expires_at is not None and rec.expires_at <= now:
+                    continue
+                if rec.visible_at <= now:
+                    visible += 1
+                elif rec.delivery_count and rec.receipt is not None:
+                    leased += 1
+                else:
+                    delayed += 1
+            return QueueStats(
+                visible=visible, leased=leased, delayed=delayed, dead_lettered=len(q.dead)
+            )
+
+    def sibling(self, queue: str) -> MemoryDriver:
+        """The same broker's queue ``queue``."""
+        return MemoryDriver(queue=queue, broker=self.broker, rotate_receipts=self._rotate)
+
+    # ------------------------------------------------------------------ admin
+
+    def create_queue(self) -> None:
+        """Create the queue if missing."""
+        with self.broker.cond:
+            self.broker.queues.setdefault(self.queue, _MemoryQueue())
+
+    def delete_queue(self) -> None:
+        """Drop the queue and its messages."""
+        with self.broker.cond:
+            self.broker.queues.pop(self.queue, None)
+            self.broker.cond.notify_all()

@@ -1,0 +1,529 @@
+"""The embedded SQLite backend: leasekit's durable default, one file, no server.
+
+URLs:
+    ``sqlite:///orders.db?queue=orders`` (three slashes: a path relative to the
+    working directory; four: absolute, ``sqlite:////var/lib/app/q.db?queue=jobs``).
+    Keyword form: ``leasekit.open("sqlite", path="orders.db", queue="orders")``.
+    Options: ``clock`` (keyword only), ``busy_timeout`` (s), ``synchronous``
+    (``NORMAL`` or ``FULL``), ``max_message_size`` (bytes).
+
+Delivery semantics:
+    At least once. Several threads and several processes may lease from the same
+    file at once: a receive is one write transaction, so a message is never
+    handed to two holders. Each delivery gets a fresh receipt (``seq.token``),
+    so a stale receipt is refused (``LeaseLost``); a receipt whose lease expired
+    but whose message nobody re-leased still works. Renew keeps the receipt.
+    Delivery order: by visibility time, then send order. Dead letters go to a
+    table in the same file. The file uses WAL; with ``synchronous=NORMAL`` (the
+    default) a power loss can lose the last transactions but never corrupts the
+    file, and a process crash loses nothing; ``FULL`` syncs every commit.
+
+Limits:
+    Leases 0.01 s – 30 days at millisecond resolution; 500 messages per receive,
+    delete, renew and send call; bodies up to ``max_message_size`` (1 MiB by
+    default). No native long poll: core polls with backoff (5–100 ms).
+
+Raw types:
+    ``lease.raw`` is ``None``. SDK errors are :class:`sqlite3.Error`.
+
+Errors:
+    Missing queue → ``QueueNotFound``; stale or malformed receipt, completed or
+    TTL-expired message → ``LeaseLost``; ``database is locked`` beyond the busy
+    timeout → ``BackendUnavailable`` (retried by core).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sqlite3
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from leasekit.capabilities import Capabilities
+from leasekit.clock import Clock, SystemClock, to_datetime
+from leasekit.hookspecs import hookimpl
+from leasekit.options import as_float, as_int
+from leasekit.registry import BackendSpec
+from leasekit.spi import (
+    DeadLetter,
+    Driver,
+    DriverError,
+    ErrorCode,
+    OutgoingMessage,
+    ParsedURL,
+    QueueStats,
+    RawMessage,
+    Visibility,
+)
+
+__all__ = ["SqliteDriver"]
+
+DAY = 24 * 3600.0
+#: Per-call batch limit: one receive or delete of this many is one transaction;
+#: larger batches hold the write lock longer and starve other processes.
+BATCH = 500
+#: How often (seconds) a driver sweeps messages whose time-to-live passed.
+PURGE_EVERY = 1.0
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS leasekit_queues (
+    name TEXT PRIMARY KEY,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS leasekit_messages (
+    seq INTEGER PRIMARY KEY,
+    queue TEXT NOT NULL,
+    id TEXT NOT NULL,
+    body BLOB NOT NULL,
+    properties TEXT,
+    enqueued_at REAL NOT NULL,
+    visible_at REAL NOT NULL,
+    expires_at REAL,
+    delivery_count INTEGER NOT NULL DEFAULT 0,
+    receipt TEXT
+);
+CREATE INDEX IF NOT EXISTS leasekit_messages_ready
+    ON leasekit_messages (queue, visible_at, seq);
+CREATE INDEX IF NOT EXISTS leasekit_messages_ttl
+    ON leasekit_messages (queue, expires_at) WHERE expires_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS leasekit_dead_letters (
+    seq INTEGER PRIMARY KEY,
+    queue TEXT NOT NULL,
+    id TEXT NOT NULL,
+    body BLOB NOT NULL,
+    properties TEXT,
+    enqueued_at REAL NOT NULL,
+    delivery_count INTEGER NOT NULL,
+    reason TEXT,
+    dead_lettered_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS leasekit_dead_letters_queue ON leasekit_dead_letters (queue, seq);
+"""
+
+_RECEIVE = """
+UPDATE leasekit_messages
+SET visible_at = :until,
+    delivery_count = delivery_count + 1,
+    receipt = CAST(seq AS TEXT) || '.' || lower(hex(randomblob(8)))
+WHERE seq IN (
+    SELECT seq FROM leasekit_messages
+    WHERE queue = :queue AND visible_at <= :now AND (expires_at IS NULL OR expires_at > :now)
+    ORDER BY visible_at, seq
+    LIMIT :limit
+)
+RETURNING seq, id, body, properties, enqueued_at, delivery_count, receipt
+"""
+
+_HELD = "seq = ? AND receipt = ? AND queue = ? AND (expires_at IS NULL OR expires_at > ?)"
+
+
+@hookimpl
+def leasekit_add_backends() -> list[BackendSpec]:
+    """Register ``sqlite``."""
+    return [
+        BackendSpec(
+            name="sqlite",
+            driver="leasekit.backends.sqlite:SqliteDriver",
+            description="durable queues in one SQLite file, safe across processes (the default)",
+        )
+    ]
+
+
+def _lost(what: str) -> DriverError:
+    return DriverError(ErrorCode.LEASE_LOST, what, backend_code="LeaseLost")
+
+
+class SqliteDriver(Driver):
+    """Driver for one queue in a SQLite file.
+
+    Parameters
+    ----------
+        queue: the queue name.
+        path: the database file (created if missing); ``:memory:`` for a private one.
+        clock: time source for leases, delays and TTL (wall clock by default).
+        busy_timeout: seconds to wait for another process's write lock.
+        synchronous: ``NORMAL`` (default) or ``FULL``.
+        max_message_size: the largest body in bytes.
+    """
+
+    scheme = "sqlite"
+
+    def __init__(
+        self,
+        queue: str,
+        path: str,
+        clock: Clock | None = None,
+        busy_timeout: float | str = 30.0,
+        synchronous: str = "NORMAL",
+        max_message_size: int | str = 1024 * 1024,
+    ) -> None:
+        if not queue or not isinstance(queue, str):
+            raise ValueError("sqlite: a queue name is required (?queue=NAME)")
+        if not path or not isinstance(path, str):
+            raise ValueError("sqlite: a database path is required (sqlite:///file.db?queue=NAME)")
+        if synchronous.upper() not in ("NORMAL", "FULL"):
+            raise ValueError(f"sqlite: synchronous must be NORMAL or FULL, got {synchronous!r}")
+        self.queue = queue
+        self.path = path
+        self._clock: Clock = clock or SystemClock()
+        self._busy_timeout = as_float(busy_timeout, "busy_timeout", minimum=0)
+        self._synchronous = synchronous.upper()
+        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+        self._last_purge = 0.0
+        self._pid = os.getpid()
+        self.capabilities = Capabilities(
+            min_lease=0.01,
+            max_lease=30 * DAY,
+            lease_resolution=0.001,
+            renew_rotates_receipt=False,
+            detects_stale_receipts=True,
+            expired_receipt_usable=True,
+            max_receive_batch=BATCH,
+            max_delete_batch=BATCH,
+            max_renew_batch=BATCH,
+            max_send_batch=BATCH,
+            max_message_size=as_int(max_message_size, "max_message_size", minimum=1),
+            max_wait=0.0,
+            max_abandon_delay=30 * DAY,
+            max_send_delay=30 * DAY,
+            max_ttl=3650 * DAY,
+            supports_properties=True,
+            native_dead_letter=True,
+            delivery_count=True,
+            queue_stats=True,
+            inspect_dead_letters=True,
+        )
+
+    @classmethod
+    def options_from_url(cls, url: ParsedURL) -> dict[str, Any]:
+        """``sqlite:///rel.db?queue=q`` → path ``rel.db``; ``sqlite:////abs.db`` → ``/abs.db``."""
+        if url.host:
+            raise ValueError(
+                f"sqlite URLs have no host (got {url.host!r}); use sqlite:///relative.db "
+                "or sqlite:////absolute.db"
+            )
+        options: dict[str, Any] = dict(url.query)
+        path = url.path[1:] if url.path.startswith("/") else url.path
+        if path:
+            options["path"] = path
+        return options
+
+    def __repr__(self) -> str:
+        return f"<SqliteDriver {self.path!r} queue={self.queue!r}>"
+
+    # ------------------------------------------------------------- connection
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is not None and self._pid == os.getpid():
+            return self._conn
+        # A connection must not cross a fork: open a new one in the child.
+        self._pid = os.getpid()
+        conn = sqlite3.connect(
+            self.path, timeout=self._busy_timeout, isolation_level=None, check_same_thread=False
+        )
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={self._synchronous}")
+        conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
+        conn.executescript(SCHEMA)
+        self._conn = conn
+        return conn
+
+    def _exists(self, conn: sqlite3.Connection) -> None:
+        row = conn.execute("SELECT 1 FROM leasekit_queues WHERE name = ?", (self.queue,)).fetchone()
+        if row is None:
+            raise DriverError(
+                ErrorCode.QUEUE_NOT_FOUND,
+                f"queue {self.queue!r} does not exist in {self.path}",
+                backend_code="QueueNotFound",
+            )
+
+    def _write(self, conn: sqlite3.Connection) -> _Transaction:
+        return _Transaction(conn)
+
+    # --------------------------------------------------------------- messages
+
+    def send(self, message: OutgoingMessage) -> str:
+        """Insert one message."""
+        result = self.send_batch([message])[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def send_batch(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
+        """Insert several messages in one transaction."""
+        now = self._clock.time()
+        rows = []
+        ids: list[str | BaseException] = []
+        for m in messages:
+            message_id = secrets.token_hex(12)
+            ids.append(message_id)
+            rows.append(
+                (
+                    self.queue,
+                    message_id,
+                    m.body,
+                    json.dumps(dict(m.properties)) if m.properties else None,
+                    now,
+                    now + m.delay,
+                    now + m.ttl if m.ttl is not None else None,
+                )
+            )
+        with self._lock:
+            conn = self._connection()
+            with self._write(conn):
+                self._exists(conn)
+                conn.executemany(
+                    "INSERT INTO leasekit_messages "
+                    "(queue, id, body, properties, enqueued_at, visible_at, expires_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    rows,
+                )
+        return ids
+
+    def receive(self, max_messages: int, visibility: float, wait: float) -> list[RawMessage]:
+        """Lease up to ``max_messages`` in one transaction (``wait`` is ignored: core polls)."""
+        with self._lock:
+            conn = self._connection()
+            now = self._clock.time()
+            if now - self._last_purge >= PURGE_EVERY:
+                self._purge(conn, now)
+            # Look without the write lock first, so idle pollers do not block writers.
+            ready = conn.execute(
+                "SELECT 1 FROM leasekit_messages WHERE queue = ? AND visible_at <= ? LIMIT 1",
+                (self.queue, now),
+            ).fetchone()
+            if ready is None:
+                self._exists(conn)
+                return []
+            with self._write(conn):
+                self._exists(conn)
+                rows = conn.execute(
+                    _RECEIVE,
+                    {
+                        "until": now + visibility,
+                        "queue": self.queue,
+                        "now": now,
+                        "limit": max_messages,
+                    },
+                ).fetchall()
+        rows.sort(key=lambda r: r[0])
+        until = to_datetime(now + visibility)
+        return [
+            RawMessage(
+                id=message_id,
+                body=body,
+                receipt=receipt,
+                delivery_count=count,
+                enqueued_at=to_datetime(enqueued_at),
+                visible_until=until,
+                properties=json.loads(props) if props else {},
+            )
+            for _, message_id, body, props, enqueued_at, count, receipt in rows
+        ]
+
+    def _purge(self, conn: sqlite3.Connection, now: float) -> None:
+        self._last_purge = now
+        conn.execute(
+            "DELETE FROM leasekit_messages WHERE queue = ? AND expires_at IS NOT NULL "
+            "AND expires_at <= ?",
+            (self.queue, now),
+        )
+
+    def change_visibility(self, receipt: str, seconds: float) -> Visibility:
+        """Hide the message for ``seconds`` from now."""
+        result = self.change_visibility_batch([receipt], seconds)[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def change_visibility_batch(
+        self, receipts: Sequence[str], seconds: float
+    ) -> list[Visibility | BaseException]:
+        """Change visibility for several receipts in one transaction."""
+        results: list[Visibility | BaseException] = []
+        with self._lock:
+            conn = self._connection()
+            now = self._clock.time()
+            until = now + seconds
+            with self._write(conn):
+                for receipt in receipts:
+                    cursor = conn.execute(
+                        f"UPDATE leasekit_messages SET visible_at = ? WHERE {_HELD}",
+                        (until, _seq_of(receipt), receipt, self.queue, now),
+                    )
+                    if cursor.rowcount == 1:
+                        results.append(Visibility(receipt, to_datetime(until)))
+                    else:
+                        self._exists(conn)
+                        results.append(
+                            _lost(f"receipt {receipt!r} is stale or its message is gone")
+                        )
+        return results
+
+    def delete(self, receipt: str) -> None:
+        """Delete the leased message."""
+        result = self.delete_batch([receipt])[0]
+        if result is not None:
+            raise result
+
+    def delete_batch(self, receipts: Sequence[str]) -> list[BaseException | None]:
+        """Delete several in one transaction."""
+        results: list[BaseException | None] = []
+        with self._lock:
+            conn = self._connection()
+            now = self._clock.time()
+            with self._write(conn):
+                for receipt in receipts:
+                    cursor = conn.execute(
+                        f"DELETE FROM leasekit_messages WHERE {_HELD}",
+                        (_seq_of(receipt), receipt, self.queue, now),
+                    )
+                    if cursor.rowcount == 1:
+                        results.append(None)
+                    else:
+                        self._exists(conn)
+                        results.append(
+                            _lost(f"receipt {receipt!r} is stale or its message is gone")
+                        )
+        return results
+
+    def dead_letter(self, receipt: str, reason: str, message: RawMessage) -> None:
+        """Move the leased message to the dead-letter table, in one transaction."""
+        with self._lock:
+            conn = self._connection()
+            now = self._clock.time()
+            with self._write(conn):
+                row = conn.execute(
+                    "SELECT seq, id, body, properties, enqueued_at, delivery_count "
+                    f"FROM leasekit_messages WHERE {_HELD}",
+                    (_seq_of(receipt), receipt, self.queue, now),
+                ).fetchone()
+                if row is None:
+                    self._exists(conn)
+                    raise _lost(f"receipt {receipt!r} is stale or its message is gone")
+                seq, message_id, body, props, enqueued_at, count = row
+                conn.execute(
+                    "INSERT INTO leasekit_dead_letters (queue, id, body, properties, enqueued_at, "
+                    "delivery_count, reason, dead_lettered_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (self.queue, message_id, body, props, enqueued_at, count, reason, now),
+                )
+                conn.execute("DELETE FROM leasekit_messages WHERE seq = ?", (seq,))
+
+    def dead_letters(self, limit: int) -> list[DeadLetter]:
+        """The oldest ``limit`` dead letters of this queue."""
+        with self._lock:
+            conn = self._connection()
+            self._exists(conn)
+            rows = conn.execute(
+                "SELECT id, body, reason, delivery_count, properties FROM leasekit_dead_letters "
+                "WHERE queue = ? ORDER BY seq LIMIT ?",
+                (self.queue, limit),
+            ).fetchall()
+        return [
+            DeadLetter(
+                id=i, body=b, reason=r, delivery_count=c, properties=json.loads(p) if p else {}
+            )
+            for i, b, r, c, p in rows
+        ]
+
+    def stats(self) -> QueueStats:
+        """Counts by state, in one read."""
+        with self._lock:
+            conn = self._connection()
+            self._exists(conn)
+            now = self._clock.time()
+            visible, leased, delayed = conn.execute(
+                "SELECT "
+                "coalesce(sum(visible_at <= :now), 0), "
+                "coalesce(sum(visible_at > :now AND receipt IS NOT NULL), 0), "
+                "coalesce(sum(visible_at > :now AND receipt IS NULL), 0) "
+                "FROM leasekit_messages WHERE queue = :queue "
+                "AND (expires_at IS NULL OR expires_at > :now)",
+                {"now": now, "queue": self.queue},
+            ).fetchone()
+            (dead,) = conn.execute(
+                "SELECT count(*) FROM leasekit_dead_letters WHERE queue = ?", (self.queue,)
+            ).fetchone()
+        return QueueStats(visible=visible, leased=leased, delayed=delayed, dead_lettered=dead)
+
+    def sibling(self, queue: str) -> SqliteDriver:
+        """Another queue in the same file."""
+        return SqliteDriver(queue=queue, path=self.path, clock=self._clock)
+
+    # ------------------------------------------------------------------ admin
+
+    def create_queue(self) -> None:
+        """Create the queue if missing."""
+        with self._lock:
+            conn = self._connection()
+            conn.execute(
+                "INSERT OR IGNORE INTO leasekit_queues (name, created_at) VALUES (?, ?)",
+                (self.queue, self._clock.time()),
+            )
+
+    def delete_queue(self) -> None:
+        """Drop the queue, its messages and its dead letters."""
+        with self._lock:
+            conn = self._connection()
+            with self._write(conn):
+                for table in ("leasekit_messages", "leasekit_dead_letters"):
+                    conn.execute(f"DELETE FROM {table} WHERE queue = ?", (self.queue,))
+                conn.execute("DELETE FROM leasekit_queues WHERE name = ?", (self.queue,))
+
+    # ----------------------------------------------------------------- errors
+
+    def error_code(self, exc: BaseException) -> ErrorCode:
+        """Locked or busy database → UNAVAILABLE; other sqlite errors → UNKNOWN."""
+        if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
+            return ErrorCode.UNAVAILABLE
+        return super().error_code(exc)
+
+    def backend_code(self, exc: BaseException) -> str | None:
+        """The SQLite error name (``SQLITE_BUSY``...) or the driver's own code."""
+        name = getattr(exc, "sqlite_errorname", None)
+        return name if isinstance(name, str) else super().backend_code(exc)
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        """A locked database is worth retrying."""
+        return isinstance(exc, sqlite3.OperationalError) and _is_busy(exc)
+
+    def close(self) -> None:
+        """Close the connection."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+class _Transaction:
+    """``BEGIN IMMEDIATE`` … ``COMMIT`` (``ROLLBACK`` on error)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.conn.execute("BEGIN IMMEDIATE")
+        return self.conn
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.conn.execute("COMMIT")
+        else:
+            self.conn.execute("ROLLBACK")
+
+
+def _seq_of(receipt: str) -> int:
+    """The row a receipt names; -1 (no row) for a malformed receipt, which then reads as stale."""
+    head, dot, _ = receipt.partition(".")
+    if not dot or not head.isdigit():
+        return -1
+    return int(head)
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text

@@ -1,0 +1,91 @@
+"""What a backend guarantees, as data that core checks before any backend call."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Capabilities"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Capabilities:
+    """The limits and guarantees of one backend (or one queue of it).
+
+    Core validates every call against these before it reaches the driver, and
+    the conformance suite checks that they are true: a check a backend cannot
+    pass is skipped with the reason taken from here.
+
+    Durations are in seconds.
+    """
+
+    #: Shortest lease (visibility timeout) the backend accepts.
+    min_lease: float = 1.0
+    #: Longest lease one receive or renew can set.
+    max_lease: float = 43200.0
+    #: Durations are rounded *up* to a multiple of this (1.0 for whole seconds).
+    lease_resolution: float = 1.0
+    #: The lease duration can be chosen per receive (else the queue's setting is
+    #: used and core changes it right after receive, see ``lease_set_after_receive``).
+    lease_on_receive: bool = True
+    #: The receive uses the queue's visibility and a per-lease duration needs an
+    #: extra visibility change right after receive (MNS).
+    lease_set_after_receive: bool = False
+    #: The lock duration is fixed by the queue (Service Bus): renew extends by
+    #: exactly this, and a different physical duration is refused. ``None`` if free.
+    fixed_lease: float | None = None
+    #: Cap on total invisibility since receive (SQS: 12 h). ``None`` if none.
+    max_total_lease: float | None = None
+    #: Renewing returns a new receipt and invalidates the old one.
+    renew_rotates_receipt: bool = False
+    #: A stale receipt (message re-leased or completed) is refused by the backend.
+    detects_stale_receipts: bool = True
+    #: A receipt whose lease expired but whose message nobody re-leased still works.
+    expired_receipt_usable: bool = False
+    #: Most messages one receive call returns.
+    max_receive_batch: int = 1
+    #: Most receipts one delete call settles (1 = no batch form).
+    max_delete_batch: int = 1
+    #: Most receipts one visibility change renews (1 = no batch form).
+    max_renew_batch: int = 1
+    #: Most messages one send call takes (1 = no batch form).
+    max_send_batch: int = 1
+    #: Largest body in bytes, as the caller gives it (after any encoding overhead).
+    max_message_size: int = 65536
+    #: Longest a single receive may wait for messages; 0 if the backend cannot long-poll.
+    max_wait: float = 0.0
+    #: Longest delay on abandon; 0 if abandon cannot be delayed.
+    max_abandon_delay: float = 0.0
+    #: Longest delay before a sent message becomes visible; 0 if unsupported.
+    max_send_delay: float = 0.0
+    #: Longest time-to-live on send; ``None`` if TTL is not supported.
+    max_ttl: float | None = None
+    #: Messages carry string properties.
+    supports_properties: bool = True
+    #: The backend dead-letters natively (else core moves to ``<queue>-poison``).
+    native_dead_letter: bool = False
+    #: ``delivery_count`` is exact (1 on first delivery, +1 per redelivery).
+    delivery_count: bool = True
+    #: The backend can report visible / leased / dead-lettered counts.
+    queue_stats: bool = False
+    #: Dead-lettered messages can be read back (``Queue.peek_dead_letters``).
+    inspect_dead_letters: bool = False
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.min_lease <= self.max_lease):
+            raise ValueError("Capabilities: need 0 <= min_lease <= max_lease")
+        if self.lease_resolution <= 0 or not math.isfinite(self.lease_resolution):
+            raise ValueError("Capabilities: lease_resolution must be positive")
+        for name in ("max_receive_batch", "max_delete_batch", "max_renew_batch", "max_send_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Capabilities: {name} must be at least 1")
+
+    def replace(self, **changes: Any) -> Capabilities:
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The capabilities as a plain dict (for JSON and the CLI)."""
+        return dataclasses.asdict(self)

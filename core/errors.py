@@ -1,0 +1,123 @@
+"""Errors raised by leasekit.
+
+Every error a backend can cause reaches you as one of these, with the SDK's own
+exception chained as ``__cause__`` and the backend's error code (when it has one)
+on ``.backend_code``. Grouped by what the caller does next::
+
+    LeaseError                      every leasekit error
+    ├── LeaseLost                   stale or expired receipt: someone else may hold it now
+    ├── QueueNotFound               the queue does not exist (never a LeaseLost)
+    ├── QueueAlreadyExists          create was asked for a queue that exists
+    ├── QueueEmpty (TimeoutError)   lease_one waited and no message came
+    ├── InvalidArgument (ValueError)        bad input, found before any network call
+    │   ├── InvalidLeaseDuration            duration out of the backend's range
+    │   ├── MessageTooLarge                 body above the backend's maximum
+    │   └── InvalidURL                      a URL or option that cannot be used
+    ├── BackendNotFound (LookupError)       no installed backend has that scheme
+    ├── BackendNotInstalled (ImportError)   the backend's extra is not installed
+    ├── BackendUnavailable          transient: network, throttling, 5xx; retry later
+    ├── AuthenticationFailed        bad or missing credentials, access denied
+    ├── UnsupportedOperation        the backend cannot do this (see its Capabilities)
+    └── BackendError                any other backend failure
+
+    LeaseStateError (RuntimeError)  misuse: a settled lease used again
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AuthenticationFailed",
+    "BackendError",
+    "BackendNotFound",
+    "BackendNotInstalled",
+    "BackendUnavailable",
+    "InvalidArgument",
+    "InvalidLeaseDuration",
+    "InvalidURL",
+    "LeaseError",
+    "LeaseLost",
+    "LeaseStateError",
+    "MessageTooLarge",
+    "QueueAlreadyExists",
+    "QueueEmpty",
+    "QueueNotFound",
+    "UnsupportedOperation",
+]
+
+
+class LeaseError(Exception):
+    """Base class of every error leasekit raises for a backend or input problem.
+
+    Parameters
+    ----------
+        message: what went wrong, for a person.
+        backend_code: the backend's own error code (e.g. ``PopReceiptMismatch``).
+    """
+
+    def __init__(self, message: str = "", *, backend_code: str | None = None) -> None:
+        super().__init__(message)
+        self.backend_code = backend_code
+
+
+class LeaseLost(LeaseError):
+    """Raised when a receipt is stale or expired: the message may be held by someone else."""
+
+
+class QueueNotFound(LeaseError):
+    """Raised when the queue does not exist (open with ``create=True`` to make it)."""
+
+
+class QueueAlreadyExists(LeaseError):
+    """Raised when creating a queue that already exists with other settings."""
+
+
+class QueueEmpty(LeaseError, TimeoutError):
+    """Raised when ``Queue.lease_one(wait=...)`` waited and no message came."""
+
+
+class InvalidArgument(LeaseError, ValueError):
+    """Raised when an argument is invalid; found before any backend call."""
+
+
+class InvalidLeaseDuration(InvalidArgument):
+    """Raised when a lease duration is outside what the backend can hold."""
+
+
+class MessageTooLarge(InvalidArgument):
+    """Raised when a message body is larger than the backend accepts."""
+
+
+class InvalidURL(InvalidArgument):
+    """Raised when a queue URL or an ``open()`` option cannot be used."""
+
+
+class BackendNotFound(LeaseError, LookupError):
+    """Raised when no installed backend handles a URL scheme."""
+
+
+class BackendNotInstalled(LeaseError, ImportError):
+    """Raised when a backend's optional dependencies are not installed."""
+
+
+class BackendUnavailable(LeaseError):
+    """Raised on a transient failure (network, throttling, server error); retrying may help."""
+
+
+class AuthenticationFailed(LeaseError):
+    """Raised when the backend refuses the credentials or denies access."""
+
+
+class UnsupportedOperation(LeaseError):
+    """Raised when the backend cannot do what was asked; its Capabilities say so."""
+
+
+class BackendError(LeaseError):
+    """Raised for a backend failure that fits no other class."""
+
+
+class LeaseStateError(RuntimeError):
+    """Raised when a lease is used after it was settled (completed, abandoned, dead-lettered).
+
+    This is a programming error, not a backend condition, so it is not a
+    :class:`LeaseError`: ``except LeaseError`` will not hide it.
+    """

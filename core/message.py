@@ -1,0 +1,41 @@
+"""The message a lease carries, and the states a lease goes through."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+__all__ = ["LeaseState", "Message"]
+
+
+@dataclass(frozen=True)
+class Message:
+    """A received message.
+
+    ``id`` is stable across redeliveries (use it for idempotency);
+    ``delivery_count`` is 1 on first delivery and grows by one each time the
+    message is leased again.
+    """
+
+    id: str
+    body: bytes = field(repr=False)
+    delivery_count: int
+    enqueued_at: datetime
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+
+class LeaseState(enum.Enum):
+    """Where a lease is in its life. Only ``HELD`` allows renew and settlement."""
+
+    HELD = "held"
+    COMPLETED = "completed"
+    ABANDONED = "abandoned"
+    DEAD_LETTERED = "dead_lettered"
+    LOST = "lost"
+
+    @property
+    def settled(self) -> bool:
+        """True once the lease can no longer be used."""
+        return self is not LeaseState.HELD

@@ -1,0 +1,57 @@
+"""Retrying transient backend failures, written once for every driver."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+__all__ = ["RetryPolicy"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with full jitter for errors the driver calls retryable.
+
+    Parameters
+    ----------
+        attempts: total tries, including the first (1 disables retrying).
+        base: the first backoff ceiling in seconds.
+        cap: the largest backoff ceiling in seconds.
+    """
+
+    attempts: int = 3
+    base: float = 0.1
+    cap: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError("RetryPolicy.attempts must be at least 1")
+        if self.base < 0 or self.cap < 0:
+            raise ValueError("RetryPolicy backoff must not be negative")
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds to wait before retry number ``attempt`` (1-based), with full jitter."""
+        ceiling: float = min(self.cap, self.base * (2 ** (attempt - 1)))
+        return random.uniform(0, ceiling)
+
+    def call(
+        self,
+        fn: Callable[[], T],
+        is_retryable: Callable[[BaseException], bool],
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> T:
+        """Call ``fn``; on an error ``is_retryable`` accepts, wait and try again."""
+        attempt = 1
+        while True:
+            try:
+                return fn()
+            except Exception as exc:
+                if attempt >= self.attempts or not is_retryable(exc):
+                    raise
+                sleep(self.backoff(attempt))
+                attempt += 1

@@ -1,0 +1,346 @@
+"""The backend SPI: what a vendor implements to add a backend.
+
+A driver is a thin translation layer, like an httpx transport: it turns these
+few calls into its SDK's calls and says which leasekit error each SDK error
+means. Everything else (validation, receipt tracking, retries, the long-poll
+loop, the keeper, dead-letter fallback, poison handling, idempotency) is core's
+and written once. Users never call a driver; they call :class:`leasekit.Queue`.
+
+Contract for every method:
+
+- A driver **should not retry**. On a transient failure it raises the SDK's own
+  error; core asks :meth:`Driver.is_retryable` and retries with backoff.
+- A driver **must raise the SDK's error unchanged** (or a :class:`DriverError`
+  when it has no SDK error to raise); core maps it with :meth:`Driver.error_code`
+  and raises the leasekit error once, with the original chained.
+- Core has already validated every argument against :attr:`Driver.capabilities`
+  (durations in range and rounded to the resolution, batch sizes within the
+  limits, bodies of ``bytes`` within the size limit).
+- Core may call a driver from several threads at once; a driver must be
+  thread-safe or serialise internally.
+- Nothing passed in (lists of receipts, bodies) may be kept after the call.
+- :meth:`Driver.receive` should block for no more than ``wait`` seconds (which
+  core keeps at or below ``capabilities.max_wait``), then return what it has,
+  possibly nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, ClassVar
+
+from .capabilities import Capabilities
+
+__all__ = [
+    "DeadLetter",
+    "Driver",
+    "DriverError",
+    "ErrorCode",
+    "OutgoingMessage",
+    "ParsedURL",
+    "QueueStats",
+    "RawMessage",
+    "Visibility",
+]
+
+
+class ErrorCode(enum.Enum):
+    """What an SDK error means, as a driver classifies it; core picks the leasekit class."""
+
+    #: The receipt is stale, expired, or its message is gone (completed, expired TTL).
+    LEASE_LOST = "lease_lost"
+    #: The queue does not exist.
+    QUEUE_NOT_FOUND = "queue_not_found"
+    #: The queue already exists (on create).
+    QUEUE_EXISTS = "queue_exists"
+    #: The body is too large.
+    TOO_LARGE = "too_large"
+    #: An argument was refused by the service.
+    INVALID_ARGUMENT = "invalid_argument"
+    #: Transient: network, throttling, 5xx.
+    UNAVAILABLE = "unavailable"
+    #: Credentials refused or access denied.
+    UNAUTHENTICATED = "unauthenticated"
+    #: The service cannot do this.
+    UNSUPPORTED = "unsupported"
+    #: Anything else.
+    UNKNOWN = "unknown"
+
+
+class DriverError(Exception):
+    """An error a driver raises when it has no SDK error of its own to raise.
+
+    Parameters
+    ----------
+        code: what it means.
+        message: for a person.
+        backend_code: the backend's own code, if any.
+    """
+
+    def __init__(self, code: ErrorCode, message: str, *, backend_code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.backend_code = backend_code
+
+
+@dataclass(frozen=True)
+class ParsedURL:
+    """A queue URL split into parts; given to :meth:`Driver.options_from_url`.
+
+    ``path`` keeps its leading slash. ``query`` holds each query parameter once
+    (a repeated parameter is refused by the parser).
+    """
+
+    scheme: str
+    host: str
+    port: int | None
+    path: str
+    query: Mapping[str, str]
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class OutgoingMessage:
+    """One message to send (core has validated it)."""
+
+    body: bytes
+    delay: float = 0.0
+    ttl: float | None = None
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RawMessage:
+    """One received message as a driver returns it.
+
+    ``delivery_count`` is 1 on first delivery. ``visible_until`` is when the
+    lease ends (UTC, timezone-aware). ``raw`` is the SDK's own message object
+    (the escape hatch, reachable as ``lease.raw``).
+    """
+
+    id: str
+    body: bytes
+    receipt: str
+    delivery_count: int
+    enqueued_at: datetime
+    visible_until: datetime
+    properties: Mapping[str, str] = field(default_factory=dict)
+    raw: Any = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Visibility:
+    """The result of a visibility change: the receipt to use from now on and the new expiry."""
+
+    receipt: str
+    visible_until: datetime
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """Message counts; ``None`` where the backend cannot tell."""
+
+    visible: int | None = None
+    leased: int | None = None
+    delayed: int | None = None
+    dead_lettered: int | None = None
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A dead-lettered message read back for inspection."""
+
+    id: str
+    body: bytes
+    reason: str | None
+    delivery_count: int | None
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+
+class Driver(ABC):
+    """The interface one backend implements for one queue.
+
+    A driver is constructed by core as ``DriverClass(**options)`` where the
+    options come from the keyword form of :func:`leasekit.open` or from
+    :meth:`options_from_url`. Constructing one must do no network I/O.
+
+    Subclasses set :attr:`capabilities` (class or instance attribute).
+    """
+
+    #: The scheme the backend registers (for messages).
+    scheme: ClassVar[str] = ""
+    #: What this backend guarantees; core validates against it.
+    capabilities: Capabilities
+
+    #: The queue name this driver serves.
+    queue: str
+
+    # ------------------------------------------------------------------ URLs
+
+    @classmethod
+    def options_from_url(cls, url: ParsedURL) -> dict[str, Any]:
+        """Turn a parsed URL into constructor options.
+
+        The default takes the queue name from the path (``scheme://host/queue``)
+        or the host (``scheme://queue``) and passes query parameters through as
+        strings. Core refuses options the constructor does not accept.
+        """
+        options: dict[str, Any] = dict(url.query)
+        name = url.path.strip("/") or url.host
+        if name:
+            options.setdefault("queue", name)
+        return options
+
+    # --------------------------------------------------------------- messages
+
+    @abstractmethod
+    def send(self, message: OutgoingMessage) -> str:
+        """Send one message and return its id.
+
+        Must not return before the backend accepted it.
+        """
+        raise NotImplementedError("The 'send' method must be implemented.")  # pragma: no cover
+
+    def send_batch(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
+        """Send several messages; one result (an id or the raw error) per message, in order.
+
+        Core calls it only with at most ``capabilities.max_send_batch`` messages.
+        The default sends one at a time.
+        """
+        results: list[str | BaseException] = []
+        for message in messages:
+            try:
+                results.append(self.send(message))
+            except Exception as exc:
+                results.append(exc)
+        return results
+
+    @abstractmethod
+    def receive(self, max_messages: int, visibility: float, wait: float) -> list[RawMessage]:
+        """Receive up to ``max_messages`` messages and hide each for ``visibility`` seconds.
+
+        Should block no more than ``wait`` seconds; may return fewer messages
+        than asked, or none. Each message must get a receipt that is valid for
+        this delivery only where ``capabilities.detects_stale_receipts``.
+        """
+        raise NotImplementedError("The 'receive' method must be implemented.")  # pragma: no cover
+
+    @abstractmethod
+    def change_visibility(self, receipt: str, seconds: float) -> Visibility:
+        """Hide the leased message for ``seconds`` from now (0 makes it visible at once).
+
+        Returns the receipt to use from now on (a new one where the backend
+        rotates receipts) and the new expiry. A stale receipt must raise.
+        """
+        raise NotImplementedError(  # pragma: no cover
+            "The 'change_visibility' method must be implemented."
+        )
+
+    def change_visibility_batch(
+        self, receipts: Sequence[str], seconds: float
+    ) -> list[Visibility | BaseException]:
+        """Change visibility for several receipts; one result per receipt, in order.
+
+        Core calls it with at most ``capabilities.max_renew_batch`` receipts.
+        The default changes one at a time.
+        """
+        results: list[Visibility | BaseException] = []
+        for receipt in receipts:
+            try:
+                results.append(self.change_visibility(receipt, seconds))
+            except Exception as exc:
+                results.append(exc)
+        return results
+
+    @abstractmethod
+    def delete(self, receipt: str) -> None:
+        """Delete (complete) the leased message; a stale receipt must raise."""
+        raise NotImplementedError("The 'delete' method must be implemented.")  # pragma: no cover
+
+    def delete_batch(self, receipts: Sequence[str]) -> list[BaseException | None]:
+        """Delete several; one result per receipt (``None`` on success), in order.
+
+        Core calls it with at most ``capabilities.max_delete_batch`` receipts.
+        The default deletes one at a time.
+        """
+        results: list[BaseException | None] = []
+        for receipt in receipts:
+            try:
+                self.delete(receipt)
+                results.append(None)
+            except Exception as exc:
+                results.append(exc)
+        return results
+
+    def abandon(self, receipt: str, delay: float) -> None:
+        """Release the message: visible again after ``delay`` seconds (0: now).
+
+        The default is ``change_visibility(receipt, delay)``; a backend with a
+        native abandon (Service Bus) overrides it.
+        """
+        self.change_visibility(receipt, delay)
+
+    def dead_letter(self, receipt: str, reason: str, message: RawMessage) -> None:
+        """Move the leased message to the backend's dead-letter store with ``reason``.
+
+        Only called when ``capabilities.native_dead_letter``; otherwise core
+        sends a copy to ``<queue>-poison`` (through :meth:`sibling`) and deletes.
+        """
+        raise NotImplementedError("The 'dead_letter' method is not implemented.")
+
+    def dead_letters(self, limit: int) -> list[DeadLetter]:
+        """Read up to ``limit`` dead-lettered messages without removing them."""
+        raise NotImplementedError("The 'dead_letters' method is not implemented.")
+
+    def stats(self) -> QueueStats:
+        """Message counts for the queue (``capabilities.queue_stats``)."""
+        raise NotImplementedError("The 'stats' method is not implemented.")
+
+    def sibling(self, queue: str) -> Driver:
+        """A driver for another queue on the same account/connection (for ``-poison``)."""
+        raise NotImplementedError("The 'sibling' method is not implemented.")
+
+    # ------------------------------------------------------------------ admin
+
+    @abstractmethod
+    def create_queue(self) -> None:
+        """Create the queue; succeed if it already exists."""
+        raise NotImplementedError(  # pragma: no cover
+            "The 'create_queue' method must be implemented."
+        )
+
+    @abstractmethod
+    def delete_queue(self) -> None:
+        """Delete the queue and its messages; succeed if it does not exist."""
+        raise NotImplementedError(  # pragma: no cover
+            "The 'delete_queue' method must be implemented."
+        )
+
+    # ----------------------------------------------------------------- errors
+
+    def error_code(self, exc: BaseException) -> ErrorCode:
+        """Classify an error this driver raised. The default reads :class:`DriverError`."""
+        if isinstance(exc, DriverError):
+            return exc.code
+        return ErrorCode.UNKNOWN
+
+    def backend_code(self, exc: BaseException) -> str | None:
+        """The backend's own error code for ``exc`` (kept on the leasekit error)."""
+        if isinstance(exc, DriverError):
+            return exc.backend_code
+        return None
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        """Whether core should retry the call that raised ``exc``.
+
+        Return ``False`` when the SDK already retries ("the client handles retries").
+        """
+        return False
+
+    def close(self) -> None:  # noqa: B027 - a no-op default, like httpx's transport
+        """Release connections and threads. Called once; must not raise on a closed driver."""
