@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -98,7 +99,8 @@ class Lease:
     def __repr__(self) -> str:
         return (
             f"<Lease id={self.message.id!r} state={self._state.value} "
-            f"delivery_count={self.message.delivery_count} expires_at={self._expires_at.isoformat()}>"
+            f"delivery_count={self.message.delivery_count} "
+            f"expires_at={self._expires_at.isoformat()}>"
         )
 
     # ---------------------------------------------------------------- actions
@@ -228,7 +230,5 @@ class Lease:
         tb: TracebackType | None,
     ) -> None:
         if self._state is LeaseState.HELD:
-            try:
+            with contextlib.suppress(LeaseLost):
                 self.abandon()
-            except LeaseLost:
-                pass

@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -153,9 +154,9 @@ class Queue:
         for start in range(0, len(outgoing), size):
             chunk = outgoing[start : start + size]
             if len(chunk) == 1:
-                ids.append(self._call("send", lambda c=chunk: self._driver.send(c[0])))
+                ids.append(self._call("send", partial(self._driver.send, chunk[0])))
                 continue
-            results = self._call("send", lambda c=chunk: self._driver.send_batch(c))
+            results = self._call("send", partial(self._driver.send_batch, chunk))
             for result in results:
                 if isinstance(result, BaseException):
                     raise wrap_error(self._driver, result, "send") from result
@@ -202,10 +203,7 @@ class Queue:
             want = min(max_messages - len(leases), caps.max_receive_batch)
             remaining = max(0.0, deadline - time.monotonic())
             call_wait = 0.0 if leases else min(remaining, caps.max_wait)
-            batch = self._call(
-                "receive",
-                lambda w=want, cw=call_wait: self._driver.receive(w, seconds, cw),  # type: ignore[misc]
-            )
+            batch = self._call("receive", partial(self._driver.receive, want, seconds, call_wait))
             leases.extend(self._leases_from(batch, seconds))
             if len(leases) >= max_messages:
                 break
@@ -403,13 +401,13 @@ class Queue:
                 if len(receipts) == 1:
                     outcome: list[BaseException | None] = []
                     try:
-                        self._call("complete", lambda r=receipts[0]: self._driver.delete(r))  # type: ignore[misc]
+                        self._call("complete", partial(self._driver.delete, receipts[0]))
                         outcome.append(None)
                     except errors.LeaseError as exc:
                         outcome.append(exc)
                 else:
                     outcome = list(
-                        self._call("complete", lambda r=receipts: self._driver.delete_batch(r))  # type: ignore[misc]
+                        self._call("complete", partial(self._driver.delete_batch, receipts))
                     )
                 for (i, lz), result in zip(live, outcome, strict=True):
                     if result is None:

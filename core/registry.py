@@ -12,8 +12,10 @@ The default registry is the only global state; tests can build their own.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import inspect
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,8 +87,8 @@ class BackendRegistry:
                 pm = pluggy.PluginManager("leasekit")
                 pm.add_hookspecs(hookspecs)
                 if self._load_entrypoints:
-                    pm.load_setuptools_entrypoints(BACKEND_GROUP)
-                    pm.load_setuptools_entrypoints(PLUGIN_GROUP)
+                    _load_entrypoints(pm, BACKEND_GROUP)
+                    _load_entrypoints(pm, PLUGIN_GROUP)
                 self._pm = pm
             return self._pm
 
@@ -205,6 +207,29 @@ class BackendRegistry:
                 queue.close()
                 raise
         return queue
+
+
+def _load_entrypoints(pm: pluggy.PluginManager, group: str) -> None:
+    """Register every plugin of an entry-point group; a broken one is skipped with a warning.
+
+    Like pluggy's ``load_setuptools_entrypoints``, but one plugin that fails to
+    import must not take every other backend down with it.
+    """
+    for dist in importlib.metadata.distributions():
+        for ep in dist.entry_points:
+            if ep.group != group or pm.get_plugin(ep.name) or pm.is_blocked(ep.name):
+                continue
+            try:
+                plugin = ep.load()
+            except Exception as exc:
+                warnings.warn(
+                    f"leasekit: skipping plugin {ep.name!r} ({ep.value}) from "
+                    f"{dist.metadata['name']}: {type(exc).__name__}: {exc}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                continue
+            pm.register(plugin, name=ep.name)
 
 
 def _check_options(cls: type[Driver], options: dict[str, Any], where: str) -> None:
