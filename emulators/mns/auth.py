@@ -15,8 +15,9 @@ sent, query string included and not re-encoded. Missing Content-MD5 or
 Content-Type count as empty strings. Content-MD5, when present, is the base64 of
 the *hex* MD5 digest of the body (what every MNS SDK sends) and must match it.
 
-Not checked: the request date's distance from the server clock (``TimeExpired``)
-and STS security tokens (the ``security-token`` header is accepted and ignored).
+Not checked: the Date header's format (``InvalidDateHeader``) and its distance
+from the server clock (``TimeExpired``), and STS security tokens (the
+``security-token`` header is accepted and ignored).
 Secrets are never logged or put into error messages.
 """
 

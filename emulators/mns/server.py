@@ -21,8 +21,8 @@ Routes (MNS API version ``2015-06-06``, queue model only)::
 Every request must be signed (see :mod:`.auth`); every response carries
 ``Content-Length``, ``x-mns-request-id`` and ``x-mns-version``. Query parameter
 names are matched case-insensitively (the docs write ``receiptHandle``, the
-Python SDK ``ReceiptHandle``); values are taken as sent, not form-decoded, so a
-``+`` stays a ``+``.
+Python SDK ``ReceiptHandle``); values are percent-decoded but not form-decoded,
+so a ``+`` stays a ``+``.
 
 Deviations and choices where MNS's documentation is silent:
 
@@ -31,6 +31,10 @@ Deviations and choices where MNS's documentation is silent:
 - BatchSendMessage validates every message first and rejects the whole batch
   with one ``<Error>`` if any is invalid (MNS may accept part of a batch).
 - DeleteQueue of a missing queue answers 204 (its docs list no special error).
+- A peeked message that was never received reports ``FirstDequeueTime`` 0.
+- Receive order is priority (1 first), then send order (MNS documents no strict order).
+- Requests http.server itself rejects (bad request line, unknown method) get
+  an ``InvalidRequestURL`` error body with the status http.server chose.
 - Topics, subscriptions, account attributes, FIFO queues (``MessageGroupId``),
   dead-letter policies, QPS limits and ``TimeExpired`` are not emulated.
 """
@@ -88,6 +92,9 @@ class _Server(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as the SDK expects
+    # Headers and body go out in two writes; without TCP_NODELAY, Nagle plus the
+    # client's delayed ACK adds ~40 ms to every response.
+    disable_nagle_algorithm = True
     server_version = "leasekit-mns-emulator"
     server: _Server
 
@@ -114,6 +121,18 @@ class _Handler(BaseHTTPRequestHandler):
         """Route http.server's own messages (bad requests) to the debug log."""
         log.debug("%s: " + format, self.address_string(), *args)
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """Answer http.server's own errors (bad request line, unknown method) MNS-style."""
+        self.log_message("code %d, message %s", code, message)
+        request_id = secrets.token_hex(12).upper()
+        emulator = self.server.emulator
+        base_url = f"http://{emulator.host}:{emulator.port}"
+        text = message or "Http request format invalid."
+        self.close_connection = True
+        self._reply(
+            code, wire.error_xml("InvalidRequestURL", text, request_id, base_url), request_id
+        )
+
     def _handle(self) -> None:
         started = time.monotonic()
         request_id = secrets.token_hex(12).upper()
@@ -135,16 +154,7 @@ class _Handler(BaseHTTPRequestHandler):
             log.exception("internal error handling %s %s", self.command, self.path)
             status, extra = 500, {}
             payload = wire.error_xml("InternalError", "Internal error.", request_id, base_url)
-        self.send_response(status)
-        if payload:
-            self.send_header("Content-Type", "text/xml;charset=utf-8")
-        self.send_header("Content-Length", str(len(payload)))
-        self.send_header("x-mns-request-id", request_id)
-        self.send_header("x-mns-version", MNS_VERSION)
-        for name, value in extra.items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(payload)
+        self._reply(status, payload, request_id, extra)
         log.debug(
             "%s %s -> %d (%.1f ms, request %s)",
             self.command,
@@ -153,6 +163,31 @@ class _Handler(BaseHTTPRequestHandler):
             (time.monotonic() - started) * 1000,
             request_id,
         )
+
+    def _reply(
+        self,
+        status: int,
+        payload: bytes,
+        request_id: str,
+        extra: Mapping[str, str] | None = None,
+    ) -> None:
+        try:
+            self.send_response(status)
+            if payload:
+                self.send_header("Content-Type", "text/xml;charset=utf-8")
+            self.send_header("Content-Length", str(len(payload)))
+            self.send_header("x-mns-request-id", request_id)
+            self.send_header("x-mns-version", MNS_VERSION)
+            for name, value in (extra or {}).items():
+                self.send_header(name, value)
+            if self.close_connection:
+                self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(payload)
+        except (BrokenPipeError, ConnectionResetError):
+            # The client gave up (e.g. its long poll timed out first); nothing to answer.
+            self.close_connection = True
+            log.debug("client went away before request %s was answered", request_id)
 
     def _dispatch(self, headers: Mapping[str, str], body: bytes, base_url: str) -> _Reply:
         path, _, query = self.path.partition("?")

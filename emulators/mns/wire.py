@@ -31,7 +31,6 @@ __all__ = [
     "parse_receipt_handles",
     "queue_xml",
     "queues_xml",
-    "root_name",
     "sent_xml",
 ]
 
@@ -81,18 +80,6 @@ def _int(element: ElementTree.Element) -> int:
 
 
 # ----------------------------------------------------------------- requests
-
-
-def root_name(body: bytes) -> str:
-    """Return the local name of the body's root element.
-
-    Raises:
-        MnsError: ``MalformedXML``.
-    """
-    try:
-        return _local(ElementTree.fromstring(body).tag)
-    except ElementTree.ParseError:
-        raise MnsError.malformed_xml() from None
 
 
 def parse_queue_attributes(body: bytes) -> tuple[dict[str, int], bool | None]:
