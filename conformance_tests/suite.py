@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
+
 from leasekit import (
     InvalidArgument,
     InvalidLeaseDuration,

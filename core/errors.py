@@ -46,7 +46,7 @@ __all__ = [
 
 
 class LeaseError(Exception):
-    """Base class of every error leasekit raises for a backend or input problem.
+    """Raised when a backend or an input fails; the base class of every leasekit error.
 
     Parameters
     ----------
@@ -100,7 +100,7 @@ class BackendNotInstalled(LeaseError, ImportError):
 
 
 class BackendUnavailable(LeaseError):
-    """Raised on a transient failure (network, throttling, server error); retrying may help."""
+    """Raised when a failure is transient (network, throttling, server error); retry later."""
 
 
 class AuthenticationFailed(LeaseError):
@@ -112,7 +112,7 @@ class UnsupportedOperation(LeaseError):
 
 
 class BackendError(LeaseError):
-    """Raised for a backend failure that fits no other class."""
+    """Raised when a backend fails in a way no other class describes."""
 
 
 class LeaseStateError(RuntimeError):

@@ -185,7 +185,10 @@ class BackendRegistry:
         if is_url(target):
             parsed = parse_url(target)
             cls = self.driver_class(parsed.scheme)
-            url_options = cls.options_from_url(parsed)
+            try:
+                url_options = cls.options_from_url(parsed)
+            except (TypeError, ValueError) as exc:
+                raise InvalidURL(f"cannot use {redact_url(target)!r}: {exc}") from exc
             merged = {**url_options, **options}
             where = redact_url(target)
         else:

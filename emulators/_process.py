@@ -8,6 +8,7 @@ the process (SIGTERM, then SIGKILL after a grace period) without leaving it behi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -102,7 +103,7 @@ class ServerProcess:
 
     def start(self) -> ServerProcess:
         """Start the process and wait until its port accepts connections."""
-        self._log = tempfile.TemporaryFile(prefix=f"{self.name}-")
+        self._log = tempfile.TemporaryFile(prefix=f"{self.name}-")  # noqa: SIM115 - closed in stop()
         env = {**os.environ, **self.env}
         self._proc = subprocess.Popen(
             self.argv,
@@ -145,17 +146,13 @@ class ServerProcess:
         """Stop the process group: SIGTERM, then SIGKILL after ``grace`` seconds."""
         proc = self._proc
         if proc is not None and proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
             try:
                 proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 proc.wait(timeout=grace)
         if self._log is not None:
             self._log.close()

@@ -1,6 +1,5 @@
 # House docstring style uses "Parameters:"/"Returns:"/"Raises:" sections (STYLE.md 14), which
 # ruff's unconfigured pydocstyle misreads as numpy sections.
-# ruff: noqa: D406, D407
 r"""MNS request signing, checked the way the MNS service checks it.
 
 A request carries ``Authorization: MNS <AccessKeyId>:<Signature>`` where::

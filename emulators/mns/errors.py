@@ -1,6 +1,5 @@
 # House docstring style uses "Parameters:"/"Returns:"/"Raises:" sections (STYLE.md 14), which
 # ruff's unconfigured pydocstyle misreads as numpy sections.
-# ruff: noqa: D406, D407
 """MNS error codes as the emulator returns them.
 
 Every failure the emulator reports is an :class:`MnsError`; the HTTP layer turns

@@ -1,6 +1,5 @@
 # House docstring style uses "Parameters:"/"Returns:"/"Raises:" sections (STYLE.md 14), which
 # ruff's unconfigured pydocstyle misreads as numpy sections.
-# ruff: noqa: D406, D407
 """The MNS emulator's HTTP server: routes MNS's REST API onto :class:`MnsStore`.
 
 Routes (MNS API version ``2015-06-06``, queue model only)::

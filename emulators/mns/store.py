@@ -1,6 +1,5 @@
 # House docstring style uses "Parameters:"/"Returns:"/"Raises:" sections (STYLE.md 14), which
 # ruff's unconfigured pydocstyle misreads as numpy sections.
-# ruff: noqa: D406, D407
 """In-memory queue state for the MNS emulator, with MNS's message lifecycle.
 
 :class:`MnsStore` holds every queue and message and is safe to share between

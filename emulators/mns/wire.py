@@ -1,6 +1,5 @@
 # House docstring style uses "Parameters:"/"Returns:"/"Raises:" sections (STYLE.md 14), which
 # ruff's unconfigured pydocstyle misreads as numpy sections.
-# ruff: noqa: D406, D407
 """MNS's XML bodies: parse what clients send, build what MNS answers.
 
 All elements live in the namespace ``http://mns.aliyuncs.com/doc/v1/``. Request

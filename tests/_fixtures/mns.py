@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+
 from leasekit.emulators._process import ServerProcess, free_port, python_module
 
 

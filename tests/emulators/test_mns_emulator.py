@@ -20,17 +20,18 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from leasekit.emulators.mns import (
-    DEFAULT_ACCESS_KEY_ID,
-    DEFAULT_ACCESS_KEY_SECRET,
-    MnsEmulator,
-)
 from mns.account import Account
 from mns.message_property import MessagePropertyValue, PropertyType
 from mns.mns_client import MNSClient
 from mns.mns_exception import MNSServerException
 from mns.mns_http import RequestInternal, ResponseInternal
 from mns.queue import Message, Queue, QueueMeta
+
+from leasekit.emulators.mns import (
+    DEFAULT_ACCESS_KEY_ID,
+    DEFAULT_ACCESS_KEY_SECRET,
+    MnsEmulator,
+)
 
 # aliyun-mns-sdk 1.3.0 warns on every GetQueueAttributes that the message counts
 # will be removed from a later SDK; the emulator still serves them.

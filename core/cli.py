@@ -1,0 +1,330 @@
+"""The ``leasekit`` command line: backends, send, lease, stats, and the conformance suite.
+
+Backend options (credentials, endpoints) are given with ``--option KEY=VALUE``
+(repeatable), never in the URL. Every leasekit error is printed as one line
+and exits with status 2 (bad input) or 1 (anything else).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from . import errors
+from .registry import default_registry
+from .registry import open as open_queue
+
+__all__ = ["app", "main"]
+
+T = TypeVar("T")
+
+app = typer.Typer(
+    name="leasekit",
+    help="Safe, portable leased queue messages.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+OptionList = Annotated[
+    list[str] | None,
+    typer.Option("--option", "-o", help="Backend option KEY=VALUE (repeatable)."),
+]
+
+
+def _parse_options(items: list[str] | None) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise errors.InvalidArgument(f"--option takes KEY=VALUE, got {item!r}")
+        options[key] = value
+    return options
+
+
+def _run(fn: Callable[[], T]) -> T:
+    """Run a command body; print a leasekit error as one line and exit non-zero."""
+    try:
+        return fn()
+    except errors.LeaseError as exc:
+        err_console.print(f"[bold red]error:[/] {type(exc).__name__}: {exc}", highlight=False)
+        bad_input = isinstance(exc, errors.InvalidArgument | errors.BackendNotFound)
+        raise typer.Exit(2 if bad_input else 1) from None
+    except errors.LeaseStateError as exc:
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+
+
+def _show_body(body: bytes, limit: int = 200) -> str:
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return (
+            "base64:" + base64.b64encode(body[:limit]).decode() + ("…" if len(body) > limit else "")
+        )
+    return text[:limit] + ("…" if len(text) > limit else "")
+
+
+@app.command()
+def backends(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """List installed backends and their capabilities."""
+    registry = default_registry()
+    rows: list[dict[str, Any]] = []
+    for name, spec in registry.specs().items():
+        row: dict[str, Any] = {"name": name, "driver": spec.driver, "description": spec.description}
+        try:
+            cls = registry.driver_class(name)
+        except errors.LeaseError as exc:
+            row["installed"] = False
+            row["hint"] = str(exc)
+        else:
+            row["installed"] = True
+            caps = getattr(cls, "capabilities", None)
+            row["capabilities"] = caps.as_dict() if caps is not None else None
+        rows.append(row)
+    if as_json:
+        console.print_json(json.dumps(rows))
+        return
+    table = Table(title="leasekit backends")
+    for column in (
+        "backend",
+        "installed",
+        "lease (s)",
+        "batch",
+        "max body",
+        "stale receipts",
+        "description",
+    ):
+        table.add_column(column)
+    for row in rows:
+        caps = row.get("capabilities")
+        if caps:
+            lease = (
+                f"fixed {caps['fixed_lease']:g}"
+                if caps["fixed_lease"] is not None
+                else f"{caps['min_lease']:g}–{caps['max_lease']:g}"
+            )
+            batch, size = str(caps["max_receive_batch"]), f"{caps['max_message_size']:,}"
+            stale = "detected" if caps["detects_stale_receipts"] else "not detected"
+        else:
+            lease = batch = size = stale = "-"
+        table.add_row(
+            row["name"],
+            "yes" if row["installed"] else "[yellow]no[/]",
+            lease,
+            batch,
+            size,
+            stale,
+            row["description"] or row.get("hint", ""),
+        )
+    console.print(table)
+
+
+@app.command()
+def send(
+    url: Annotated[str, typer.Argument(help="Queue URL, e.g. sqlite:///jobs.db?queue=jobs")],
+    body: Annotated[
+        str | None, typer.Argument(help="Message body (UTF-8); '-' reads stdin.")
+    ] = None,
+    prop: Annotated[list[str] | None, typer.Option("--property", "-p", help="KEY=VALUE")] = None,
+    delay: Annotated[float, typer.Option(help="Seconds before it is visible.")] = 0,
+    ttl: Annotated[float | None, typer.Option(help="Time-to-live in seconds.")] = None,
+    count: Annotated[int, typer.Option(help="Send the body this many times.")] = 1,
+    create: Annotated[bool, typer.Option(help="Create the queue if missing.")] = False,
+    option: OptionList = None,
+) -> None:
+    """Send a message."""
+
+    def go() -> None:
+        data = sys.stdin.buffer.read() if body in (None, "-") else (body or "").encode()
+        properties: dict[str, str] = _parse_options(prop)
+        with open_queue(url, create=create, **_parse_options(option)) as queue:
+            ids = queue.send_many([data] * count, delay=delay, ttl=ttl, properties=properties)
+        for message_id in ids:
+            console.print(message_id, highlight=False)
+
+    _run(go)
+
+
+@app.command()
+def lease(
+    url: Annotated[str, typer.Argument(help="Queue URL.")],
+    max_messages: Annotated[int, typer.Option("--max", help="Most messages to lease.")] = 1,
+    duration: Annotated[float | None, typer.Option(help="Lease duration in seconds.")] = None,
+    wait: Annotated[float, typer.Option(help="Seconds to wait for a message.")] = 0,
+    settle: Annotated[
+        str, typer.Option(help="What to do after printing: complete, abandon or keep.")
+    ] = "abandon",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines.")] = False,
+    option: OptionList = None,
+) -> None:
+    """Lease messages, print them, then complete or abandon them."""
+    if settle not in ("complete", "abandon", "keep"):
+        err_console.print("[bold red]error:[/] --settle must be complete, abandon or keep")
+        raise typer.Exit(2)
+
+    def go() -> None:
+        with open_queue(url, **_parse_options(option)) as queue:
+            leases = queue.lease(max_messages, duration=duration, wait=wait)
+            if not leases:
+                err_console.print("no message")
+            table = Table(title=f"{len(leases)} leased from {queue.name}")
+            for column in ("id", "delivery", "enqueued", "expires", "properties", "body"):
+                table.add_column(column)
+            for item in leases:
+                m = item.message
+                if as_json:
+                    print(
+                        json.dumps(
+                            {
+                                "id": m.id,
+                                "delivery_count": m.delivery_count,
+                                "enqueued_at": m.enqueued_at.isoformat(),
+                                "expires_at": item.expires_at.isoformat(),
+                                "properties": dict(m.properties),
+                                "body_base64": base64.b64encode(m.body).decode(),
+                            }
+                        )
+                    )
+                else:
+                    table.add_row(
+                        m.id,
+                        str(m.delivery_count),
+                        m.enqueued_at.isoformat(timespec="seconds"),
+                        item.expires_at.isoformat(timespec="seconds"),
+                        json.dumps(dict(m.properties)) if m.properties else "",
+                        _show_body(m.body),
+                    )
+                if settle == "complete":
+                    item.complete()
+                elif settle == "abandon":
+                    item.abandon()
+            if leases and not as_json:
+                console.print(table)
+
+    _run(go)
+
+
+@app.command()
+def stats(
+    url: Annotated[str, typer.Argument(help="Queue URL.")],
+    option: OptionList = None,
+) -> None:
+    """Print visible / leased / delayed / dead-lettered counts where the backend can tell."""
+
+    def go() -> None:
+        with open_queue(url, **_parse_options(option)) as queue:
+            counts = queue.stats()
+        table = Table(title=f"queue {queue.name}")
+        table.add_column("state")
+        table.add_column("messages", justify="right")
+        for state in ("visible", "leased", "delayed", "dead_lettered"):
+            value = getattr(counts, state)
+            table.add_row(state.replace("_", "-"), "unknown" if value is None else str(value))
+        console.print(table)
+
+    _run(go)
+
+
+@app.command()
+def conformance(
+    url: Annotated[str, typer.Argument(help="Backend URL or name to test.")],
+    option: OptionList = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the matrix as JSON.")
+    ] = None,
+    markdown: Annotated[
+        Path | None, typer.Option("--markdown", help="Write the matrix as Markdown.")
+    ] = None,
+    select: Annotated[
+        str | None, typer.Option("-k", help="Only tests matching (pytest -k).")
+    ] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show pytest output.")] = False,
+) -> None:
+    """Run the conformance suite against a backend and print its compatibility matrix."""
+    with tempfile.TemporaryDirectory(prefix="leasekit-conformance-") as tmp:
+        report = Path(tmp) / "matrix.json"
+        argv = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--pyargs",
+            "leasekit.conformance",
+            "--leasekit-backend",
+            url,
+            "--leasekit-report-json",
+            str(report),
+            "-p",
+            "no:cacheprovider",
+            "-q" if verbose else "-qq",
+        ]
+        for item in option or []:
+            argv += ["--leasekit-option", item]
+        if select:
+            argv += ["-k", select]
+        result = subprocess.run(argv, cwd=tmp, capture_output=not verbose, text=True, check=False)
+        if not report.exists():
+            err_console.print(result.stdout or "", result.stderr or "", highlight=False)
+            err_console.print("[bold red]error:[/] the conformance suite did not run")
+            raise typer.Exit(2)
+        data = json.loads(report.read_text())
+        _print_matrix(data)
+        if json_out:
+            json_out.write_text(json.dumps(data, indent=2) + "\n")
+        if markdown:
+            markdown.write_text(_matrix_markdown(data))
+    raise typer.Exit(0 if result.returncode in (0, 5) else 1)
+
+
+_STYLE = {"passed": "green", "skipped": "yellow", "failed": "bold red"}
+
+
+def _print_matrix(data: dict[str, Any]) -> None:
+    table = Table(title=f"conformance of {data['backend']}")
+    table.add_column("property")
+    table.add_column("result")
+    table.add_column("reason")
+    for prop, row in data["properties"].items():
+        result = row["result"]
+        table.add_row(prop, f"[{_STYLE.get(result, '')}]{result}[/]", row["reason"])
+    console.print(table)
+    counts: dict[str, int] = {}
+    for test in data["tests"]:
+        counts[test["outcome"]] = counts.get(test["outcome"], 0) + 1
+    console.print(", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items())))
+
+
+def _matrix_markdown(data: dict[str, Any]) -> str:
+    lines = [
+        f"## Conformance: `{data['backend']}`",
+        "",
+        "| property | result | reason |",
+        "| --- | --- | --- |",
+    ]
+    for prop, row in data["properties"].items():
+        reason = row["reason"].replace("|", "\\|")
+        lines.append(f"| {prop} | {row['result']} | {reason} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    """Entry point of the ``leasekit`` script."""
+    app()
+
+
+if __name__ == "__main__":
+    main()
