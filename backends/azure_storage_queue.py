@@ -1,0 +1,680 @@
+"""The Azure Storage Queue backend, on the ``azure-storage-queue`` SDK (v12).
+
+URLs:
+    ``azure-storage-queue://ACCOUNT/QUEUE`` — queue ``QUEUE`` in storage account
+    ``ACCOUNT`` (``https://ACCOUNT.queue.core.windows.net``).
+    ``azure-storage-queue://HOST[:PORT]/ACCOUNT/QUEUE`` — a path-style endpoint
+    such as Azurite (``azure-storage-queue://127.0.0.1:10001/devstoreaccount1/jobs``).
+    ``azure-storage-queue://HOST[:PORT]/QUEUE`` — a host-style endpoint
+    (``azure-storage-queue://acct.queue.core.windows.net/jobs``, a custom domain).
+    An endpoint on a loopback host speaks ``http``, any other ``https``;
+    ``?protocol=http|https`` overrides. Other URL options: ``retry_total``,
+    ``connection_timeout``, ``read_timeout`` (seconds), ``api_version``.
+    Credentials are **keyword options only**, never in the URL (a URL carrying
+    a user, password, key or SAS is refused)::
+
+        leasekit.open("azure-storage-queue://myacct/jobs", credential=DefaultAzureCredential())
+        leasekit.open("azure-storage-queue", queue="jobs", connection_string=CONN)
+        leasekit.open("azure-storage-queue", queue="jobs",
+                      account_url="https://myacct.queue.core.windows.net", credential=KEY)
+
+    ``credential`` is anything the SDK takes: an account key string, a SAS token,
+    ``{"account_name": ..., "account_key": ...}``, an ``AzureNamedKeyCredential``,
+    ``AzureSasCredential`` or a token credential from ``azure-identity``. A ready
+    ``QueueServiceClient`` can be given as ``service_client`` (leasekit then does
+    not close it). Connection strings and keys never appear in a repr, a log line
+    or an error message from this module.
+
+Delivery semantics:
+    At least once. A receive hides each message for the lease's visibility
+    timeout and hands out a pop receipt; leasekit's receipt is
+    ``"<message id>:<pop receipt>"`` (message ids are GUIDs and pop receipts
+    base64, so neither contains ``:``). Renew is ``update_message`` with the new
+    visibility, which **rotates the pop receipt** (the old one then fails with
+    ``PopReceiptMismatch``); core tracks the newest. Abandon is
+    ``update_message`` with visibility 0 (or the delay) — always sent explicitly,
+    since the SDK sends ``visibility_timeout or 0`` and an update without one
+    releases the message. Complete is ``delete_message``. The delivery count is
+    the service's dequeue count. A receipt whose lease expired but whose message
+    nobody received again still works (the service allows it). Order is roughly
+    FIFO, not guaranteed. There is no long poll: core polls with a short backoff.
+
+    Dead-lettering is not native: core copies the message to ``<queue>-poison``
+    (the Azure Functions convention) with the properties
+    ``leasekit-dead-letter-reason``, ``leasekit-original-id`` and
+    ``leasekit-delivery-count``, then deletes the original.
+    ``Queue.peek_dead_letters`` peeks the poison queue (at most 32 messages: a
+    peek cannot page).
+
+    **Message encoding.** Storage Queue messages are text with no properties, so
+    leasekit writes:
+
+    * a message without properties as the standard base64 of its body — the
+      format of the SDK's ``BinaryBase64EncodePolicy`` and of Azure Functions'
+      queue output binding, so those consumers read leasekit's messages as is;
+    * a message with properties as the JSON envelope
+      ``{"leasekit":1,"properties":{...},"body":"<base64>"}`` (ASCII only).
+      Base64 text never starts with ``{``, so the two cannot be confused.
+
+    On receive, a text that starts with ``{"leasekit":`` and parses as an
+    envelope gives body and properties; otherwise a text that is strict base64
+    (the base64 alphabet, correct padding) gives the decoded bytes; anything
+    else — plain text from another producer, or JSON — gives the text's UTF-8
+    bytes unchanged, with no properties. The one ambiguity is plain text that
+    happens to be valid base64 (``"test"``, ``"abcd1234"``): it is read as base64.
+    Producers that share a queue with leasekit consumers should base64-encode
+    (as the Functions binding and ``BinaryBase64EncodePolicy``/``TextBase64EncodePolicy``
+    do). The original text is always at ``lease.raw.content``.
+
+Limits:
+    Leases (visibility on receive) 1 s – 7 days, whole seconds; renew/abandon
+    0 – 7 days. 32 messages per receive; no batch delete, update or send (one
+    request each). Bodies up to 49,152 bytes (48 KiB): the service takes 64 KiB
+    of message text and base64 makes 4 characters of 3 bytes. Properties take
+    room from the same 64 KiB (the envelope is JSON text): a message whose
+    encoded form is over 65,536 characters is refused as ``MessageTooLarge``
+    before it is sent. Hence a body near 48 KiB cannot be dead-lettered (the
+    copy carries the reason as a property); the copy then fails, the original
+    stays and reappears. Send delay up to 7 days; time-to-live any whole number
+    of seconds up to 2**31 − 1 (the service's default when not given is 7 days;
+    the delay must be shorter than the TTL). The service's own throughput
+    limit is about 2,000 messages/s per queue.
+
+Raw types:
+    ``lease.raw`` is the SDK's ``azure.storage.queue.QueueMessage`` from the
+    receive (its ``content`` is the raw text). Errors are the SDK's
+    ``azure.core.exceptions.HttpResponseError`` (and subclasses
+    ``ResourceNotFoundError``, ``ResourceExistsError``,
+    ``ClientAuthenticationError``) or ``ServiceRequestError`` /
+    ``ServiceResponseError`` for connection failures; ``.__cause__`` of the
+    leasekit error.
+
+Errors:
+    Classified by the service's error code, never by the status alone:
+    ``PopReceiptMismatch`` (400) and ``MessageNotFound`` (404) → ``LeaseLost``;
+    ``QueueNotFound`` (404) → ``QueueNotFound``; ``RequestBodyTooLarge`` (413) →
+    ``MessageTooLarge``; ``AuthenticationFailed`` and other 401/403 →
+    ``AuthenticationFailed``; connection errors, timeouts and 5xx →
+    ``BackendUnavailable``; range errors (400 ``OutOfRange…``) →
+    ``InvalidArgument``. The SDK retries connection errors, 408 and 5xx itself
+    (``retry_total``, default 3, with 15 s+ backoff), so core does not retry
+    them again; core retries only ``QueueBeingDeleted`` (409, a queue re-created
+    too soon after deletion), which the SDK does not retry.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import ipaddress
+import json
+import math
+import re
+from collections.abc import Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from leasekit.capabilities import Capabilities
+from leasekit.errors import InvalidURL
+from leasekit.hookspecs import hookimpl
+from leasekit.options import as_float, as_int
+from leasekit.registry import BackendSpec
+from leasekit.spi import (
+    DeadLetter,
+    Driver,
+    DriverError,
+    ErrorCode,
+    OutgoingMessage,
+    ParsedURL,
+    RawMessage,
+    Visibility,
+)
+
+if TYPE_CHECKING:
+    from azure.storage.queue import QueueClient, QueueMessage, QueueServiceClient
+
+__all__ = ["AzureStorageQueueDriver", "decode_message", "encode_message"]
+
+WEEK = 7 * 24 * 3600
+#: Most messages one receive (and one peek) returns: the service's limit.
+MAX_RECEIVE = 32
+#: The service's limit on a message's text, in characters (64 KiB).
+MAX_TEXT = 64 * 1024
+#: Largest body that fits as base64 in ``MAX_TEXT`` (measured on Azurite:
+#: 49,152 bytes → 65,536 characters fit, 49,153 → 413 RequestBodyTooLarge).
+MAX_BODY = MAX_TEXT // 4 * 3
+#: Longest time-to-live: the service takes any positive int32 (or -1, never).
+MAX_TTL = 2**31 - 1
+#: Leasekit's envelope for a message with properties starts with this; plain
+#: base64 can never start with ``{``.
+ENVELOPE_PREFIX = '{"leasekit":'
+ENVELOPE_VERSION = 1
+#: The properties core adds to a dead-letter copy (see ``Queue._dead_letter``).
+REASON_PROPERTY = "leasekit-dead-letter-reason"
+ORIGINAL_ID_PROPERTY = "leasekit-original-id"
+DELIVERY_COUNT_PROPERTY = "leasekit-delivery-count"
+#: Azure queue names: 3-63 lowercase letters, digits and single hyphens,
+#: starting and ending with a letter or digit.
+_QUEUE_NAME = re.compile(r"^(?!.*--)[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$")
+_ACCOUNT_NAME = re.compile(r"^[a-z0-9]{3,24}$")
+_LOOPBACK = {"localhost", "127.0.0.1", "::1"}
+#: URL query options that would be credentials: refused in a URL.
+_SECRET_OPTIONS = (
+    "connection_string",
+    "credential",
+    "account_key",
+    "key",
+    "sas",
+    "sas_token",
+    "sig",
+    "token",
+    "password",
+)
+
+# Error codes (``x-ms-error-code``) by meaning.
+_LEASE_LOST = frozenset({"PopReceiptMismatch", "MessageNotFound"})
+_QUEUE_NOT_FOUND = frozenset({"QueueNotFound"})
+_QUEUE_EXISTS = frozenset({"QueueAlreadyExists"})
+_TOO_LARGE = frozenset({"RequestBodyTooLarge", "MessageTooLarge"})
+_UNAUTHENTICATED = frozenset(
+    {
+        "AuthenticationFailed",
+        "AuthorizationFailure",
+        "AuthorizationPermissionMismatch",
+        "AuthorizationProtocolMismatch",
+        "AuthorizationResourceTypeMismatch",
+        "AuthorizationServiceMismatch",
+        "AuthorizationSourceIPMismatch",
+        "InsufficientAccountPermissions",
+        "InvalidAuthenticationInfo",
+        "NoAuthenticationInformation",
+        "AccountIsDisabled",
+    }
+)
+_UNAVAILABLE = frozenset(
+    {"ServerBusy", "InternalError", "OperationTimedOut", "QueueBeingDeleted", "QueueDisabled"}
+)
+#: Unavailable codes the SDK does not retry (it retries 408 and 5xx only).
+_CORE_RETRIES = frozenset({"QueueBeingDeleted"})
+
+
+@hookimpl
+def leasekit_add_backends() -> list[BackendSpec]:
+    """Register ``azure-storage-queue``."""
+    return [
+        BackendSpec(
+            name="azure-storage-queue",
+            driver="leasekit.backends.azure_storage_queue:AzureStorageQueueDriver",
+            extra="azure-storage-queue",
+            description="Azure Storage Queue (pop receipts, <queue>-poison dead letters)",
+        )
+    ]
+
+
+# ------------------------------------------------------------------ encoding
+
+
+def encode_message(body: bytes, properties: Mapping[str, str] | None = None) -> str:
+    """The message text leasekit stores for ``body`` and ``properties``.
+
+    Plain base64 without properties; the ASCII JSON envelope with them.
+    """
+    text = base64.b64encode(body).decode("ascii")
+    if not properties:
+        return text
+    envelope = {"leasekit": ENVELOPE_VERSION, "properties": dict(properties), "body": text}
+    return json.dumps(envelope, separators=(",", ":"), ensure_ascii=True)
+
+
+def decode_message(text: str | None) -> tuple[bytes, dict[str, str]]:
+    """Body and properties of a message text (see "Message encoding" in the module doc).
+
+    A leasekit envelope gives both; strict base64 gives the decoded bytes;
+    any other text gives its UTF-8 bytes and no properties.
+    """
+    if not text:
+        return b"", {}
+    if text.startswith(ENVELOPE_PREFIX):
+        decoded = _decode_envelope(text)
+        if decoded is not None:
+            return decoded
+    try:
+        return base64.b64decode(text, validate=True), {}
+    except ValueError:  # binascii.Error, or non-ASCII text
+        return text.encode("utf-8", "surrogatepass"), {}
+
+
+def _decode_envelope(text: str) -> tuple[bytes, dict[str, str]] | None:
+    try:
+        envelope = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(envelope, dict) or envelope.get("leasekit") != ENVELOPE_VERSION:
+        return None
+    properties = envelope.get("properties")
+    body = envelope.get("body")
+    if not isinstance(properties, dict) or not isinstance(body, str):
+        return None
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in properties.items()):
+        return None
+    try:
+        return base64.b64decode(body, validate=True), properties
+    except binascii.Error:
+        return None
+
+
+# ------------------------------------------------------------------- helpers
+
+
+def _error_code_of(exc: BaseException) -> str | None:
+    code = getattr(exc, "error_code", None)
+    if code is None:
+        return None
+    value = getattr(code, "value", code)  # StorageErrorCode is a str enum
+    return str(value) if value else None
+
+
+def _receipt_parts(receipt: str) -> tuple[str, str]:
+    message_id, sep, pop_receipt = receipt.partition(":")
+    if not sep or not message_id or not pop_receipt:
+        raise DriverError(
+            ErrorCode.LEASE_LOST,
+            "malformed receipt: expected '<message id>:<pop receipt>'",
+            backend_code="MalformedReceipt",
+        )
+    return message_id, pop_receipt
+
+
+def _when(value: datetime | None) -> datetime:
+    # The service always sends these times on receive and update; the SDK
+    # types them optional.
+    if value is None:
+        raise DriverError(ErrorCode.UNKNOWN, "the service sent a message without its times")
+    return value
+
+
+def _whole_seconds(seconds: float) -> int:
+    # Core already rounded lease durations up to whole seconds; delays and
+    # TTLs may still be fractional: round up, never shorten what was asked.
+    return math.ceil(seconds - 1e-9)
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() in _LOOPBACK:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _is_endpoint_host(host: str, port: int | None) -> bool:
+    return port is not None or "." in host or ":" in host or host.lower() == "localhost"
+
+
+def _redacted_endpoint(url: str) -> str:
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}{parts.path.rstrip('/')}"
+
+
+# -------------------------------------------------------------------- driver
+
+
+class AzureStorageQueueDriver(Driver):
+    """Driver for one Azure Storage queue.
+
+    Parameters
+    ----------
+        queue: the queue name (3-63 lowercase letters, digits and single hyphens).
+        connection_string: an Azure Storage connection string (keyword only, never a URL).
+        account_url: the queue service endpoint, e.g. ``https://ACCOUNT.queue.core.windows.net``.
+        credential: anything the SDK takes as a credential (with ``account_url``).
+        service_client: a ready ``QueueServiceClient``; the driver uses it and does not close it.
+        retry_total: the SDK's retry count for connection errors, 408 and 5xx (SDK default 3).
+        connection_timeout: seconds to wait for a connection (SDK default 20).
+        read_timeout: seconds to wait for a response (SDK default 60).
+        api_version: the storage service API version (SDK default).
+
+    Exactly one of ``connection_string``, ``account_url`` and ``service_client`` is needed.
+    """
+
+    scheme = "azure-storage-queue"
+
+    def __init__(
+        self,
+        queue: str,
+        connection_string: str | None = None,
+        account_url: str | None = None,
+        credential: Any = None,
+        service_client: QueueServiceClient | None = None,
+        retry_total: int | str | None = None,
+        connection_timeout: float | str | None = None,
+        read_timeout: float | str | None = None,
+        api_version: str | None = None,
+    ) -> None:
+        if not isinstance(queue, str) or not _QUEUE_NAME.match(queue):
+            raise ValueError(
+                f"azure-storage-queue: {queue!r} is not a queue name: use 3-63 lowercase "
+                "letters, digits and single hyphens, starting and ending with a letter or digit"
+            )
+        given = [
+            name
+            for name, value in (
+                ("connection_string", connection_string),
+                ("account_url", account_url),
+                ("service_client", service_client),
+            )
+            if value is not None
+        ]
+        if len(given) != 1:
+            raise ValueError(
+                "azure-storage-queue: give exactly one of connection_string, account_url "
+                "(with credential) or service_client"
+                + (f"; got {' and '.join(given)}" if given else "")
+            )
+        if credential is not None and account_url is None:
+            raise ValueError("azure-storage-queue: credential goes with account_url")
+        self.queue = queue
+        kwargs: dict[str, Any] = {}
+        if retry_total is not None:
+            kwargs["retry_total"] = as_int(retry_total, "retry_total", minimum=0)
+        if connection_timeout is not None:
+            kwargs["connection_timeout"] = as_float(
+                connection_timeout, "connection_timeout", minimum=0
+            )
+        if read_timeout is not None:
+            kwargs["read_timeout"] = as_float(read_timeout, "read_timeout", minimum=0)
+        if api_version is not None:
+            kwargs["api_version"] = api_version
+
+        from azure.storage.queue import QueueServiceClient
+
+        self._owns_service = service_client is None
+        if service_client is not None:
+            if kwargs:
+                raise ValueError(
+                    "azure-storage-queue: with service_client, configure retries, timeouts "
+                    "and the API version on that client"
+                )
+            self._service = service_client
+        elif connection_string is not None:
+            if not isinstance(connection_string, str):
+                raise ValueError("azure-storage-queue: connection_string must be a str")
+            # The SDK's ValueError for a malformed string does not repeat it.
+            self._service = QueueServiceClient.from_connection_string(connection_string, **kwargs)
+        else:
+            if not isinstance(account_url, str) or not account_url.lower().startswith(
+                ("http://", "https://")
+            ):
+                raise ValueError(
+                    "azure-storage-queue: account_url must be an http(s) URL such as "
+                    "https://ACCOUNT.queue.core.windows.net"
+                )
+            self._service = QueueServiceClient(account_url, credential=credential, **kwargs)
+        self._client: QueueClient = self._service.get_queue_client(queue)
+        self._endpoint = _redacted_endpoint(self._service.url)
+        self._closed = False
+        self.capabilities = Capabilities(
+            min_lease=1.0,
+            max_lease=float(WEEK),
+            lease_resolution=1.0,
+            lease_on_receive=True,
+            renew_rotates_receipt=True,
+            detects_stale_receipts=True,
+            expired_receipt_usable=True,
+            max_receive_batch=MAX_RECEIVE,
+            max_delete_batch=1,
+            max_renew_batch=1,
+            max_send_batch=1,
+            max_message_size=MAX_BODY,
+            max_wait=0.0,
+            max_abandon_delay=float(WEEK),
+            max_send_delay=float(WEEK),
+            max_ttl=float(MAX_TTL),
+            supports_properties=True,
+            native_dead_letter=False,
+            delivery_count=True,
+            queue_stats=False,
+            inspect_dead_letters=True,
+        )
+
+    @classmethod
+    def options_from_url(cls, url: ParsedURL) -> dict[str, Any]:
+        """Account URL and queue from ``azure-storage-queue://ACCOUNT/QUEUE`` or an endpoint."""
+        if url.username is not None or url.password is not None:
+            raise InvalidURL(
+                "azure-storage-queue URLs carry no credentials; pass connection_string= "
+                "or credential= as keyword options"
+            )
+        query = dict(url.query)
+        secret = sorted(k for k in query if k.lower() in _SECRET_OPTIONS or k.lower() == "sv")
+        if secret:
+            raise InvalidURL(
+                f"azure-storage-queue URLs carry no credentials (got {', '.join(secret)}); "
+                "pass connection_string= or credential= as keyword options"
+            )
+        for option in ("account_url", "service_client"):
+            if option in query:
+                raise InvalidURL(f"azure-storage-queue: {option} is not a URL option")
+        protocol = query.pop("protocol", None)
+        if protocol is not None and protocol not in ("http", "https"):
+            raise InvalidURL(
+                f"azure-storage-queue: protocol must be http or https, got {protocol!r}"
+            )
+        host = url.host
+        segments = [s for s in url.path.split("/") if s]
+        if not host:
+            raise InvalidURL(
+                "azure-storage-queue URLs name an account or endpoint: "
+                "azure-storage-queue://ACCOUNT/QUEUE or azure-storage-queue://HOST:PORT/ACCOUNT/QUEUE"
+            )
+        if _is_endpoint_host(host, url.port):
+            if len(segments) not in (1, 2):
+                raise InvalidURL(
+                    "azure-storage-queue: with an endpoint host, the path is /QUEUE "
+                    "or /ACCOUNT/QUEUE (path-style, as Azurite)"
+                )
+            netloc = f"[{host}]" if ":" in host else host
+            if url.port is not None:
+                netloc += f":{url.port}"
+            scheme = protocol or ("http" if _is_loopback(host) else "https")
+            base = f"{scheme}://{netloc}"
+            account_url = f"{base}/{segments[0]}" if len(segments) == 2 else base
+        else:
+            if not _ACCOUNT_NAME.match(host):
+                raise InvalidURL(
+                    f"azure-storage-queue: {host!r} is not a storage account name "
+                    "(3-24 lowercase letters and digits)"
+                )
+            if len(segments) != 1:
+                raise InvalidURL("azure-storage-queue: the path is the queue: ACCOUNT/QUEUE")
+            account_url = f"{protocol or 'https'}://{host}.queue.core.windows.net"
+        return {**query, "account_url": account_url, "queue": segments[-1]}
+
+    def __repr__(self) -> str:
+        return f"<AzureStorageQueueDriver {self._endpoint} queue={self.queue!r}>"
+
+    # --------------------------------------------------------------- messages
+
+    def send(self, message: OutgoingMessage) -> str:
+        """Send one message (base64 text, or the envelope when it has properties)."""
+        text = encode_message(message.body, message.properties)
+        if len(text) > MAX_TEXT:
+            raise DriverError(
+                ErrorCode.TOO_LARGE,
+                f"the body ({len(message.body)} bytes) and properties encode to {len(text)} "
+                f"characters; Azure Storage Queue takes at most {MAX_TEXT}",
+                backend_code="RequestBodyTooLarge",
+            )
+        kwargs: dict[str, Any] = {}
+        if message.delay > 0:
+            kwargs["visibility_timeout"] = _whole_seconds(message.delay)
+        if message.ttl is not None:
+            kwargs["time_to_live"] = min(_whole_seconds(message.ttl), MAX_TTL)
+        sent = self._client.send_message(text, **kwargs)
+        return str(sent.id)
+
+    def receive(self, max_messages: int, visibility: float, wait: float) -> list[RawMessage]:
+        """One receive request for up to ``max_messages`` (≤ 32); no long poll."""
+        pages = self._client.receive_messages(
+            messages_per_page=max_messages,
+            max_messages=max_messages,
+            visibility_timeout=int(visibility),
+        ).by_page()
+        page = next(pages, None)
+        if page is None:
+            return []
+        return [self._raw(m) for m in page]
+
+    def _raw(self, message: QueueMessage) -> RawMessage:
+        body, properties = decode_message(message.content)
+        return RawMessage(
+            id=message.id,
+            body=body,
+            receipt=f"{message.id}:{message.pop_receipt}",
+            delivery_count=int(message.dequeue_count or 1),
+            enqueued_at=_when(message.inserted_on),
+            visible_until=_when(message.next_visible_on),
+            properties=properties,
+            raw=message,
+        )
+
+    def change_visibility(self, receipt: str, seconds: float) -> Visibility:
+        """``update_message`` with an explicit visibility (0 releases); returns the new receipt."""
+        message_id, pop_receipt = _receipt_parts(receipt)
+        updated = self._client.update_message(
+            message_id, pop_receipt, visibility_timeout=_whole_seconds(seconds)
+        )
+        return Visibility(
+            receipt=f"{message_id}:{updated.pop_receipt}",
+            visible_until=_when(updated.next_visible_on),
+        )
+
+    def delete(self, receipt: str) -> None:
+        """``delete_message`` with the receipt's pop receipt."""
+        message_id, pop_receipt = _receipt_parts(receipt)
+        self._client.delete_message(message_id, pop_receipt)
+
+    def dead_letters(self, limit: int) -> list[DeadLetter]:
+        """Peek up to ``min(limit, 32)`` messages of this queue, read as dead letters.
+
+        Core calls this on the ``<queue>-poison`` sibling. Messages other
+        producers put there (Azure Functions moves poison messages as they
+        are) have no reason and no delivery count.
+        """
+        peeked = self._client.peek_messages(max_messages=min(limit, MAX_RECEIVE))
+        letters = []
+        for message in peeked:
+            body, properties = decode_message(message.content)
+            reason = properties.pop(REASON_PROPERTY, None)
+            original_id = properties.pop(ORIGINAL_ID_PROPERTY, None)
+            count = properties.pop(DELIVERY_COUNT_PROPERTY, None)
+            letters.append(
+                DeadLetter(
+                    id=original_id or str(message.id),
+                    body=body,
+                    reason=reason,
+                    delivery_count=int(count) if count and count.isdigit() else None,
+                    properties=properties,
+                )
+            )
+        return letters
+
+    def sibling(self, queue: str) -> AzureStorageQueueDriver:
+        """The queue ``queue`` on the same account, sharing this driver's connection pool."""
+        return AzureStorageQueueDriver(queue=queue, service_client=self._service)
+
+    # ------------------------------------------------------------------ admin
+
+    def create_queue(self) -> None:
+        """Create the queue; succeed if it exists."""
+        from azure.core.exceptions import ResourceExistsError
+
+        try:
+            self._client.create_queue()
+        except ResourceExistsError as exc:
+            if _error_code_of(exc) not in _QUEUE_EXISTS:
+                raise
+
+    def delete_queue(self) -> None:
+        """Delete the queue; succeed if it does not exist."""
+        from azure.core.exceptions import ResourceNotFoundError
+
+        try:
+            self._client.delete_queue()
+        except ResourceNotFoundError as exc:
+            if _error_code_of(exc) not in _QUEUE_NOT_FOUND:
+                raise
+
+    # ----------------------------------------------------------------- errors
+
+    def error_code(self, exc: BaseException) -> ErrorCode:
+        """Classify by the service's error code first; the status only when there is none."""
+        if isinstance(exc, DriverError):
+            return exc.code
+        return classify(exc)
+
+    def backend_code(self, exc: BaseException) -> str | None:
+        """The ``x-ms-error-code`` of a service error."""
+        if isinstance(exc, DriverError):
+            return exc.backend_code
+        return _error_code_of(exc)
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        """Only what the SDK does not retry itself (``QueueBeingDeleted``)."""
+        return _error_code_of(exc) in _CORE_RETRIES
+
+    def close(self) -> None:
+        """Close the HTTP session (unless the service client was given by the caller)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_service:
+            self._service.close()
+
+
+def classify(exc: BaseException) -> ErrorCode:
+    """The :class:`ErrorCode` an ``azure-storage-queue`` / ``azure-core`` error means."""
+    from azure.core.exceptions import (
+        ClientAuthenticationError,
+        HttpResponseError,
+        ServiceRequestError,
+        ServiceResponseError,
+    )
+
+    code = _error_code_of(exc)
+    if code in _LEASE_LOST:
+        return ErrorCode.LEASE_LOST
+    if code in _QUEUE_NOT_FOUND:
+        return ErrorCode.QUEUE_NOT_FOUND
+    if code in _QUEUE_EXISTS:
+        return ErrorCode.QUEUE_EXISTS
+    if code in _TOO_LARGE:
+        return ErrorCode.TOO_LARGE
+    if code in _UNAUTHENTICATED or isinstance(exc, ClientAuthenticationError):
+        return ErrorCode.UNAUTHENTICATED
+    if code in _UNAVAILABLE:
+        return ErrorCode.UNAVAILABLE
+    if isinstance(exc, ServiceRequestError | ServiceResponseError):
+        return ErrorCode.UNAVAILABLE
+    if isinstance(exc, HttpResponseError):
+        status = exc.status_code or 0
+        if status in (401, 403):
+            return ErrorCode.UNAUTHENTICATED
+        if status == 413:
+            return ErrorCode.TOO_LARGE
+        if status in (408, 429) or status >= 500:
+            return ErrorCode.UNAVAILABLE
+        if status == 400:
+            return ErrorCode.INVALID_ARGUMENT
+        # A 404 or 409 with an unknown code is not guessed at: a 404 is not
+        # LeaseLost unless the code says MessageNotFound.
+        return ErrorCode.UNKNOWN
+    if isinstance(exc, ConnectionError | TimeoutError):
+        return ErrorCode.UNAVAILABLE
+    if isinstance(exc, ValueError | TypeError):
+        return ErrorCode.INVALID_ARGUMENT
+    return ErrorCode.UNKNOWN
