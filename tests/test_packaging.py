@@ -1,0 +1,139 @@
+"""The built wheel works on its own: installed in a fresh venv it runs the conformance
+suite against ``memory://``, and a third-party backend package installed beside it is
+found through the ``leasekit.backends`` entry-point group and selected by URL scheme."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow
+
+THIRD_PARTY_PYPROJECT = """
+[build-system]
+requires = ["setuptools>=69"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "leasekit-echo"
+version = "0.0.1"
+dependencies = ["leasekit"]
+
+[project.entry-points."leasekit.backends"]
+echo = "leasekit_echo"
+"""
+
+THIRD_PARTY_MODULE = '''
+"""A throwaway third-party backend: the memory driver under another scheme."""
+
+import leasekit
+from leasekit.backends.memory import MemoryDriver
+
+
+class EchoDriver(MemoryDriver):
+    scheme = "echo"
+
+
+@leasekit.hookimpl
+def leasekit_add_backends():
+    return [leasekit.BackendSpec(name="echo", driver="leasekit_echo:EchoDriver",
+                                 description="third-party test backend")]
+'''
+
+
+def _run(argv: list[str], cwd: Path) -> str:
+    result = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, f"{argv} failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def wheel_env(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A fresh venv with the built leasekit wheel (and pytest) installed, and a work dir."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    dist = tmp / "dist"
+    _run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(ROOT)], tmp)
+    [wheel] = dist.glob("leasekit-*.whl")
+    env = tmp / "venv"
+    venv.EnvBuilder(with_pip=True).create(env)
+    python = env / "bin" / "python"
+    _run([str(python), "-m", "pip", "install", "--quiet", str(wheel), "pytest"], tmp)
+    work = tmp / "work"
+    work.mkdir()
+    return python, work
+
+
+def test_wheel_imports_every_subpackage_from_site_packages(wheel_env: tuple[Path, Path]) -> None:
+    python, work = wheel_env
+    out = _run(
+        [
+            str(python),
+            "-c",
+            "import leasekit, leasekit.backends.memory, leasekit.backends.sqlite, "
+            "leasekit.conformance, leasekit.emulators, leasekit.plugins; "
+            "print(leasekit.__file__)",
+        ],
+        work,
+    )
+    assert "site-packages" in out
+    assert str(ROOT) not in out
+
+
+def test_installed_wheel_runs_the_conformance_suite_on_memory(
+    wheel_env: tuple[Path, Path],
+) -> None:
+    python, work = wheel_env
+    out = _run(
+        [
+            str(python),
+            "-m",
+            "pytest",
+            "--pyargs",
+            "leasekit.conformance",
+            "--leasekit-backend",
+            "memory://",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-W",
+            "ignore::RuntimeWarning",
+        ],
+        work,
+    )
+    assert " passed" in out and "failed" not in out
+
+
+def test_third_party_backend_is_found_by_its_scheme(
+    wheel_env: tuple[Path, Path], tmp_path: Path
+) -> None:
+    python, work = wheel_env
+    package = tmp_path / "leasekit-echo"
+    package.mkdir()
+    (package / "pyproject.toml").write_text(THIRD_PARTY_PYPROJECT)
+    (package / "leasekit_echo.py").write_text(THIRD_PARTY_MODULE)
+    _run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", str(package)], work)
+    script = textwrap.dedent(
+        """
+        import warnings
+        warnings.simplefilter("ignore", RuntimeWarning)
+        import leasekit
+        q = leasekit.open("echo://jobs", create=True)
+        print(type(q.driver).__name__)
+        q.send(b"hi")
+        [lease] = q.lease(1, duration=5)
+        print(lease.message.body.decode())
+        lease.complete()
+        print(sorted(leasekit.default_registry().specs()))
+        """
+    )
+    out = _run([str(python), "-c", script], work).split("\n")
+    assert out[0] == "EchoDriver"
+    assert out[1] == "hi"
+    assert "'echo'" in out[2] and "'sqlite'" in out[2]
