@@ -1,0 +1,1011 @@
+"""The AWS SQS backend, on boto3: standard queues, tested against moto's server.
+
+URLs:
+    ``aws-sqs://REGION/QUEUE`` — e.g. ``aws-sqs://eu-west-1/orders``; the region may
+    be left out (``aws-sqs:///orders``) to take it from the boto3 chain
+    (``AWS_REGION``/``AWS_DEFAULT_REGION``, the profile). A queue owned by another
+    account: ``aws-sqs://eu-west-1/123456789012/orders``. Query options:
+    ``endpoint_url`` (moto, LocalStack, a VPC endpoint), ``profile``,
+    ``maximum_message_size``, ``max_attempts``, ``max_pool_connections``.
+    Keyword form: ``leasekit.open("aws-sqs", queue="orders", region="eu-west-1",
+    endpoint_url=...)``; ``queue`` may also be a queue URL
+    (``https://sqs.eu-west-1.amazonaws.com/123456789012/orders``), which saves the
+    ``GetQueueUrl`` call. Credentials come from the usual boto3 chain (environment,
+    profile, instance role) or from keyword options ``aws_access_key_id``,
+    ``aws_secret_access_key``, ``aws_session_token``, or a ready ``client``; they
+    are refused in a URL and never appear in a repr or message. Constructing the
+    driver does no network I/O: the boto3 client is created on first use and
+    shared with :meth:`SqsDriver.sibling` drivers. FIFO queues (``*.fifo``) are
+    not supported yet and are refused when opened.
+
+Delivery semantics:
+    At least once. A lease is ``ReceiveMessage`` with ``VisibilityTimeout`` (the
+    lease) and ``WaitTimeSeconds`` (long poll, at most 20 s per call; core loops
+    for longer waits); renew is ``ChangeMessageVisibility`` and keeps the receipt
+    handle; abandon sets the visibility to 0 (or to the delay); complete is
+    ``DeleteMessage``; the batch forms use ``ChangeMessageVisibilityBatch`` and
+    ``DeleteMessageBatch`` with a result per entry. ``delivery_count`` is
+    ``ApproximateReceiveCount``. SQS does **not** promise to refuse a stale
+    receipt handle: a delete with an old handle "succeeds but might not delete"
+    (and moto accepts stale handles for every call), so
+    ``detects_stale_receipts=False`` — a stale complete/renew/abandon may act on
+    the message the new holder has, or do nothing, without an error. SQS says a
+    change or delete after the lease ended "might result in an error", so
+    ``expired_receipt_usable=False``. Invisibility since receive is capped at 12 h
+    in total (``max_total_lease``), which core enforces. ``wait=0`` is a short
+    poll: real SQS then samples a subset of its servers and may return nothing
+    although messages exist; use a wait of 1 s or more when it matters.
+
+    Dead-letter is done by this driver (``native_dead_letter=True``): when the
+    queue has a redrive policy, the copy goes to its ``deadLetterTargetArn`` queue
+    (the place the rest of the AWS tooling looks, and where SQS's own redrive puts
+    messages after ``maxReceiveCount``); otherwise to ``<queue>-poison``, created
+    on first use. The copy keeps the original body text and properties and gets
+    ``leasekit-dead-letter-reason``, ``leasekit-original-id`` and
+    ``leasekit-delivery-count``; then the original is deleted (copy first, so a
+    failure in between leaves a duplicate, never a loss). Core's own fallback
+    could not do this: it always uses ``<queue>-poison``, cannot see a redrive
+    policy, would delete a shared DLQ with ``Queue.delete()``, and cannot fit the
+    three extra properties into SQS's limits (see Limits). The target is looked
+    up once per driver. ``Queue.delete()`` also deletes ``<queue>-poison``, never
+    a redrive-policy DLQ. Reading dead letters back (``peek_dead_letters``)
+    receives them with a 30 s visibility and then releases them (visibility 0):
+    SQS cannot peek, so this raises their receive count in the DLQ.
+
+Limits:
+    Leases 1 s – 12 h in whole seconds (SQS accepts 0–43200 s; a 0 s lease hides
+    nothing, so leasekit's shortest lease is 1 s, and abandon still uses 0); 12 h
+    in total since receive; 10 messages per receive, delete, renew and send call;
+    long poll up to 20 s per receive; send delay up to 900 s; abandon delay up
+    to 12 h; no per-message time-to-live (the queue's retention period applies).
+    Bodies are bytes, sent base64-encoded because an SQS body is text from a
+    restricted Unicode set; SQS limits body *plus* message attributes to the
+    queue's ``MaximumMessageSize`` (``maximum_message_size``, default 262144 bytes,
+    the SQS default and moto's; queues can be set up to 1 MiB). Of that,
+    :data:`ATTRIBUTE_ROOM` bytes are kept for properties, so the largest body is
+    ``(maximum_message_size - 8192) // 4 * 3`` = 190464 bytes by default. A send
+    whose body and properties together exceed the limit is refused before any
+    call (``MessageTooLarge``). Properties map to String message attributes, one
+    each, when there are at most 10 with names SQS accepts and non-empty values;
+    otherwise (more than 10 — e.g. a dead-letter copy of a message with 8 — or a
+    name SQS refuses) they travel together as JSON in one attribute,
+    ``leasekit-properties``, and are unpacked on receive. A dead-letter reason
+    that does not fit is shortened.
+
+Raw types:
+    ``lease.raw`` is the message dict from boto3's ``receive_message``
+    (``MessageId``, ``ReceiptHandle``, ``Body``, ``Attributes``,
+    ``MessageAttributes``). SDK errors are :class:`botocore.exceptions.ClientError`
+    (service errors; ``.response["Error"]["Code"]``) and
+    :class:`botocore.exceptions.BotoCoreError` (network, credentials); per-entry
+    batch failures are :class:`leasekit.spi.DriverError` carrying the entry's code.
+
+Errors:
+    ``ReceiptHandleIsInvalid``, ``MessageNotInflight``, ``InvalidParameterValue``
+    about the receipt handle (expired) → ``LeaseLost``; ``QueueDoesNotExist`` /
+    ``AWS.SimpleQueueService.NonExistentQueue`` → ``QueueNotFound``;
+    ``InvalidClientTokenId``, ``SignatureDoesNotMatch``, ``AccessDenied``, missing
+    credentials… → ``AuthenticationFailed``; throttling, ``OverLimit``, 5xx and
+    network errors (``EndpointConnectionError``, timeouts) →
+    ``BackendUnavailable``; other ``InvalidParameterValue`` → ``InvalidArgument``.
+    boto3 retries transient errors itself (standard mode, ``max_attempts``), so
+    core does not retry again (``is_retryable`` is ``False``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import importlib.util
+import json
+import math
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from leasekit.capabilities import Capabilities
+from leasekit.clock import to_datetime
+from leasekit.errors import BackendNotInstalled, InvalidURL
+from leasekit.hookspecs import hookimpl
+from leasekit.options import as_int
+from leasekit.registry import BackendSpec
+from leasekit.spi import (
+    DeadLetter,
+    Driver,
+    DriverError,
+    ErrorCode,
+    OutgoingMessage,
+    ParsedURL,
+    QueueStats,
+    RawMessage,
+    Visibility,
+)
+
+__all__ = ["ATTRIBUTE_ROOM", "SqsDriver"]
+
+#: SQS limits: messages per receive/delete/change/send batch, long poll, delays.
+BATCH = 10
+MAX_VISIBILITY = 43200
+MAX_WAIT = 20
+MAX_DELAY = 900
+#: The SQS default (and moto's) for a queue's MaximumMessageSize; SQS allows
+#: 1024 to 1048576. It limits the body and the message attributes together.
+DEFAULT_MAXIMUM_MESSAGE_SIZE = 262144
+#: Bytes of the message size limit kept for properties (message attributes).
+#: More room means smaller bodies; less means a maximum-size body can carry
+#: fewer properties and a dead-letter reason is shortened sooner.
+ATTRIBUTE_ROOM = 8192
+#: SQS allows at most this many message attributes per message.
+MAX_ATTRIBUTES = 10
+#: The attribute that carries all properties as JSON when they cannot map one to one.
+PACKED = "leasekit-properties"
+#: How long ``peek_dead_letters`` hides the letters it reads before releasing
+#: them; long enough to read a few hundred, short if the release fails.
+PEEK_HIDE = 30
+#: The suffix of the dead-letter queue used when the queue has no redrive policy.
+POISON_SUFFIX = "-poison"
+REASON = "leasekit-dead-letter-reason"
+ORIGINAL_ID = "leasekit-original-id"
+DELIVERY_COUNT = "leasekit-delivery-count"
+
+_ATTRIBUTE_NAME = re.compile(r"^(?!\.)(?!.*\.\.)(?!.*\.$)[A-Za-z0-9_.-]{1,256}$")
+_BAD_TEXT = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+_QUEUE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
+_ACCOUNT = re.compile(r"^\d{12}$")
+_XML_CODE = re.compile(r"<Code>([^<]+)</Code>")
+_XML_MESSAGE = re.compile(r"<Message>([^<]*)</Message>")
+_AWS_HOST = re.compile(r"^sqs\.([a-z0-9-]+)\.amazonaws\.com(\.cn)?$")
+
+_LOST_CODES = frozenset(
+    {
+        "ReceiptHandleIsInvalid",
+        "AWS.SimpleQueueService.ReceiptHandleIsInvalid",
+        "MessageNotInflight",
+        "AWS.SimpleQueueService.MessageNotInflight",
+    }
+)
+_NOT_FOUND_CODES = frozenset({"QueueDoesNotExist", "AWS.SimpleQueueService.NonExistentQueue"})
+_EXISTS_CODES = frozenset({"QueueAlreadyExists", "QueueNameExists"})
+_AUTH_CODES = frozenset(
+    {
+        "InvalidClientTokenId",
+        "SignatureDoesNotMatch",
+        "AccessDenied",
+        "AccessDeniedException",
+        "UnrecognizedClientException",
+        "InvalidSecurity",
+        "MissingAuthenticationToken",
+        "IncompleteSignature",
+        "ExpiredToken",
+        "ExpiredTokenException",
+        "RequestExpired",
+        "AuthFailure",
+        "InvalidAccessKeyId",
+        "NotAuthorized",
+        "OptInRequired",
+        "KMS.AccessDeniedException",
+    }
+)
+_UNAVAILABLE_CODES = frozenset(
+    {
+        "Throttling",
+        "ThrottlingException",
+        "RequestThrottled",
+        "RequestThrottledException",
+        "TooManyRequestsException",
+        "OverLimit",
+        "AWS.SimpleQueueService.OverLimit",
+        "ServiceUnavailable",
+        "InternalError",
+        "InternalFailure",
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "KmsThrottled",
+        "KMS.ThrottlingException",
+    }
+)
+_TOO_LARGE_CODES = frozenset({"BatchRequestTooLong", "AWS.SimpleQueueService.BatchRequestTooLong"})
+_UNSUPPORTED_CODES = frozenset(
+    {"UnsupportedOperation", "AWS.SimpleQueueService.UnsupportedOperation"}
+)
+_INVALID_CODES = frozenset(
+    {
+        "InvalidParameterValue",
+        "InvalidParameterCombination",
+        "MissingParameter",
+        "InvalidAttributeName",
+        "InvalidAttributeValue",
+        "InvalidMessageContents",
+        "InvalidBatchEntryId",
+        "AWS.SimpleQueueService.InvalidBatchEntryId",
+        "TooManyEntriesInBatchRequest",
+        "AWS.SimpleQueueService.TooManyEntriesInBatchRequest",
+        "EmptyBatchRequest",
+        "AWS.SimpleQueueService.EmptyBatchRequest",
+        "BatchEntryIdsNotDistinct",
+        "AWS.SimpleQueueService.BatchEntryIdsNotDistinct",
+        "InvalidIdFormat",
+        "InvalidAddress",
+        "ValidationError",
+        "InvalidQueryParameter",
+        "MalformedQueryString",
+    }
+)
+#: boto3/botocore failures raised before or instead of a service answer.
+_NETWORK_ERRORS = (
+    "ConnectionError",  # botocore's base of EndpointConnectionError, timeouts, proxy errors
+    "HTTPClientError",
+    "ConnectionClosedError",
+    "ReadTimeoutError",
+    "ConnectTimeoutError",
+    "EndpointConnectionError",
+)
+_CREDENTIAL_ERRORS = ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError")
+#: Option names that are credentials: accepted as keywords only, never in a URL.
+_SECRET_OPTIONS = frozenset({"aws_access_key_id", "aws_secret_access_key", "aws_session_token"})
+
+
+@hookimpl
+def leasekit_add_backends() -> list[BackendSpec]:
+    """Register ``aws-sqs``."""
+    return [
+        BackendSpec(
+            name="aws-sqs",
+            driver="leasekit.backends.aws_sqs:SqsDriver",
+            extra="sqs",
+            description="Amazon SQS standard queues through boto3 (moto for local tests)",
+        )
+    ]
+
+
+class _Secret:
+    """Credentials kept out of every repr."""
+
+    __slots__ = ("access_key_id", "secret_access_key", "session_token")
+
+    def __init__(self, access_key_id: str | None, secret: str | None, token: str | None) -> None:
+        self.access_key_id = access_key_id
+        self.secret_access_key = secret
+        self.session_token = token
+
+    def __repr__(self) -> str:
+        return "<credentials hidden>"
+
+
+class _Connection:
+    """One boto3 client, created on first use and shared by a driver and its siblings."""
+
+    def __init__(self, factory: Callable[[], Any], client: Any = None) -> None:
+        self._factory = factory
+        self._client = client
+        self._owned = client is None
+        self._lock = threading.Lock()
+        self._users = 1
+
+    def client(self) -> Any:
+        client = self._client
+        if client is not None:
+            return client
+        with self._lock:
+            if self._users <= 0:
+                raise DriverError(ErrorCode.UNKNOWN, "aws-sqs: the driver is closed")
+            if self._client is None:
+                self._client = self._factory()
+            return self._client
+
+    def share(self) -> _Connection:
+        with self._lock:
+            self._users += 1
+        return self
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users > 0:
+                return
+            client, self._client = self._client, None
+        if client is not None and self._owned:
+            close = getattr(client, "close", None)
+            if close is not None:
+                close()
+
+
+class SqsDriver(Driver):
+    """Driver for one SQS standard queue.
+
+    Parameters
+    ----------
+        queue: the queue name, or its URL.
+        region: the AWS region; from the boto3 chain if ``None`` (or from an AWS queue URL).
+        endpoint_url: another endpoint (moto, LocalStack, a VPC endpoint).
+        account: the 12-digit account that owns the queue, if not yours.
+        profile: a named profile from the AWS config files.
+        aws_access_key_id / aws_secret_access_key / aws_session_token: explicit
+            credentials (keywords only; otherwise the boto3 chain).
+        client: a ready boto3 SQS client to use instead of making one (not closed by the driver).
+        maximum_message_size: the queue's ``MaximumMessageSize`` in bytes (body
+            plus attributes); 262144 unless the queue was set otherwise.
+        max_attempts: boto3's total attempts per call (standard retry mode).
+        max_pool_connections: HTTP connections the client keeps (one per concurrent call).
+    """
+
+    scheme = "aws-sqs"
+
+    def __init__(
+        self,
+        queue: str,
+        region: str | None = None,
+        endpoint_url: str | None = None,
+        account: str | None = None,
+        profile: str | None = None,
+        aws_access_key_id: str | None = None,
+        aws_secret_access_key: str | None = None,
+        aws_session_token: str | None = None,
+        client: Any = None,
+        maximum_message_size: int | str = DEFAULT_MAXIMUM_MESSAGE_SIZE,
+        max_attempts: int | str = 3,
+        max_pool_connections: int | str = 16,
+        _connection: _Connection | None = None,
+    ) -> None:
+        if not isinstance(queue, str) or not queue:
+            raise ValueError("aws-sqs: a queue name or URL is required (queue=...)")
+        queue_url: str | None = None
+        if "://" in queue:
+            queue_url = queue
+            parts = urlsplit(queue)
+            segments = [s for s in parts.path.split("/") if s]
+            if not segments:
+                raise ValueError(f"aws-sqs: {queue!r} is not a queue URL (no queue name)")
+            name = segments[-1]
+            match = _AWS_HOST.match(parts.hostname or "")
+            if region is None and match:
+                region = match.group(1)
+        else:
+            name = queue
+        if not _QUEUE_NAME.match(name):
+            if name.endswith(".fifo"):
+                raise ValueError(f"aws-sqs: FIFO queues ({name!r}) are not supported yet")
+            raise ValueError(
+                f"aws-sqs: {name!r} is not a queue name (1-80 letters, digits, '-' or '_')"
+            )
+        if account is not None and not _ACCOUNT.match(str(account)):
+            raise ValueError(f"aws-sqs: account must be a 12-digit AWS account id, got {account!r}")
+        size = as_int(maximum_message_size, "maximum_message_size", minimum=1024)
+        if size > 1048576:
+            raise ValueError(f"aws-sqs: maximum_message_size is at most 1048576, got {size}")
+        if _connection is None and client is None and importlib.util.find_spec("boto3") is None:
+            raise BackendNotInstalled(
+                "backend 'aws-sqs' needs boto3; install it with: pip install 'leasekit[sqs]'"
+            )
+        self.queue = name
+        self.region = region
+        self.endpoint_url = endpoint_url
+        self.account = str(account) if account is not None else None
+        self._profile = profile
+        self._secret = _Secret(aws_access_key_id, aws_secret_access_key, aws_session_token)
+        self._max_attempts = as_int(max_attempts, "max_attempts", minimum=1)
+        self._max_pool = as_int(max_pool_connections, "max_pool_connections", minimum=1)
+        self._given_url = queue_url
+        self._queue_url = queue_url
+        self._dead_letter_url: str | None = None
+        self._url_lock = threading.Lock()
+        self._closed = False
+        self._maximum_message_size = size
+        self._connection = (
+            _connection.share()
+            if _connection is not None
+            else _Connection(self._make_client, client)
+        )
+        self.capabilities = Capabilities(
+            min_lease=1.0,
+            max_lease=float(MAX_VISIBILITY),
+            lease_resolution=1.0,
+            lease_on_receive=True,
+            max_total_lease=float(MAX_VISIBILITY),
+            renew_rotates_receipt=False,
+            detects_stale_receipts=False,
+            expired_receipt_usable=False,
+            max_receive_batch=BATCH,
+            max_delete_batch=BATCH,
+            max_renew_batch=BATCH,
+            max_send_batch=BATCH,
+            max_message_size=(size - ATTRIBUTE_ROOM) // 4 * 3,
+            max_wait=float(MAX_WAIT),
+            max_abandon_delay=float(MAX_VISIBILITY),
+            max_send_delay=float(MAX_DELAY),
+            max_ttl=None,
+            supports_properties=True,
+            native_dead_letter=True,
+            delivery_count=True,
+            queue_stats=True,
+            inspect_dead_letters=True,
+        )
+
+    @classmethod
+    def options_from_url(cls, url: ParsedURL) -> dict[str, Any]:
+        """``aws-sqs://REGION/QUEUE`` or ``aws-sqs://REGION/ACCOUNT/QUEUE``, options as query."""
+        if url.username or url.password:
+            raise InvalidURL(
+                "aws-sqs URLs take no credentials: use the boto3 chain (environment, "
+                "profile, role) or keyword options"
+            )
+        secret = sorted(set(url.query) & _SECRET_OPTIONS)
+        if secret:
+            raise InvalidURL(
+                f"aws-sqs URLs take no credentials ({', '.join(secret)}): pass them as "
+                "keyword options or use the boto3 chain"
+            )
+        if url.port is not None:
+            raise InvalidURL("aws-sqs URLs name a region, not a host:port; use ?endpoint_url=")
+        options: dict[str, Any] = dict(url.query)
+        segments = [s for s in url.path.split("/") if s]
+        if len(segments) == 2 and _ACCOUNT.match(segments[0]):
+            options.setdefault("account", segments[0])
+            segments = segments[1:]
+        if len(segments) > 1:
+            raise InvalidURL(f"aws-sqs URL path {url.path!r}: expected /QUEUE or /ACCOUNT/QUEUE")
+        if segments:
+            options.setdefault("queue", segments[0])
+        if url.host:
+            options.setdefault("region", url.host)
+        return options
+
+    def __repr__(self) -> str:
+        where = f" endpoint={self.endpoint_url!r}" if self.endpoint_url else ""
+        return f"<SqsDriver queue={self.queue!r} region={self.region!r}{where}>"
+
+    # ------------------------------------------------------------- connection
+
+    def _make_client(self) -> Any:
+        import boto3
+        from botocore.config import Config
+
+        session = boto3.session.Session(
+            aws_access_key_id=self._secret.access_key_id,
+            aws_secret_access_key=self._secret.secret_access_key,
+            aws_session_token=self._secret.session_token,
+            profile_name=self._profile,
+            region_name=self.region,
+        )
+        config = Config(
+            retries={"mode": "standard", "total_max_attempts": self._max_attempts},
+            max_pool_connections=self._max_pool,
+            # Longer than the longest long poll (20 s), so a wait never times out.
+            read_timeout=MAX_WAIT + 40,
+        )
+        return session.client("sqs", endpoint_url=self.endpoint_url, config=config)
+
+    @property
+    def client(self) -> Any:
+        """The boto3 SQS client (created on first use; shared with siblings)."""
+        return self._connection.client()
+
+    def _url(self) -> str:
+        url = self._queue_url
+        if url is not None:
+            return url
+        with self._url_lock:
+            if self._queue_url is None:
+                self._queue_url = self._lookup(self.queue, self.account)
+            return self._queue_url
+
+    def _lookup(self, name: str, account: str | None) -> str:
+        kwargs: dict[str, Any] = {"QueueName": name}
+        if account:
+            kwargs["QueueOwnerAWSAccountId"] = account
+        url: str = self.client.get_queue_url(**kwargs)["QueueUrl"]
+        return url
+
+    # --------------------------------------------------------------- messages
+
+    def send(self, message: OutgoingMessage) -> str:
+        """``SendMessage`` with the body base64-encoded and properties as attributes."""
+        body, attributes = self._encode(message)
+        kwargs = _send_kwargs(body, attributes, message.delay)
+        response = self.client.send_message(QueueUrl=self._url(), **kwargs)
+        message_id: str = response["MessageId"]
+        return message_id
+
+    def send_batch(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
+        """``SendMessageBatch``, split so each request stays within the size limit."""
+        results: list[str | BaseException] = [DriverError(ErrorCode.UNKNOWN, "not sent")] * len(
+            messages
+        )
+        groups: list[list[tuple[int, dict[str, Any]]]] = [[]]
+        group_size = 0
+        for index, message in enumerate(messages):
+            try:
+                body, attributes = self._encode(message)
+            except DriverError as exc:
+                # Like core's send_many: the messages before a refused one are
+                # sent, the ones after it are not.
+                results[index] = exc
+                for later in range(index + 1, len(messages)):
+                    results[later] = DriverError(
+                        ErrorCode.UNKNOWN, "not sent: an earlier message in the batch was refused"
+                    )
+                break
+            size = len(body) + _attributes_size(attributes)
+            if groups[-1] and group_size + size > self._maximum_message_size:
+                groups.append([])
+                group_size = 0
+            groups[-1].append((index, _send_kwargs(body, attributes, message.delay)))
+            group_size += size
+        url = None
+        for group in groups:
+            if not group:
+                continue
+            url = url or self._url()
+            entries = [{"Id": str(index), **kwargs} for index, kwargs in group]
+            response = self.client.send_message_batch(QueueUrl=url, Entries=entries)
+            for ok in response.get("Successful", []):
+                results[int(ok["Id"])] = ok["MessageId"]
+            for failed in response.get("Failed", []):
+                results[int(failed["Id"])] = _entry_error(failed)
+        return results
+
+    def receive(self, max_messages: int, visibility: float, wait: float) -> list[RawMessage]:
+        """``ReceiveMessage``: up to 10 messages, hidden for ``visibility``; long-polls ``wait``."""
+        url = self._url()
+        started = time.monotonic()
+        wait_seconds = min(int(wait), MAX_WAIT)
+        now = time.time()
+        response = self.client.receive_message(
+            QueueUrl=url,
+            MaxNumberOfMessages=max_messages,
+            VisibilityTimeout=int(visibility),
+            WaitTimeSeconds=wait_seconds,
+            MessageSystemAttributeNames=["ApproximateReceiveCount", "SentTimestamp"],
+            MessageAttributeNames=["All"],
+        )
+        messages = response.get("Messages", [])
+        if not messages and wait > wait_seconds:
+            # SQS waits in whole seconds; spend the fraction left so core's
+            # long-poll loop does not call again at once.
+            rest = wait - (time.monotonic() - started)
+            if rest > 0:
+                time.sleep(min(rest, 1.0))
+        until = to_datetime(now + visibility)
+        return [self._raw_message(m, until) for m in messages]
+
+    def _raw_message(self, m: Mapping[str, Any], until: Any) -> RawMessage:
+        attributes = m.get("Attributes", {})
+        sent = attributes.get("SentTimestamp")
+        return RawMessage(
+            id=m["MessageId"],
+            body=_decode_body(m.get("Body", "")),
+            receipt=m["ReceiptHandle"],
+            delivery_count=int(attributes.get("ApproximateReceiveCount", "1")),
+            enqueued_at=to_datetime(int(sent) / 1000.0 if sent else time.time()),
+            visible_until=until,
+            properties=_decode_properties(m.get("MessageAttributes", {})),
+            raw=m,
+        )
+
+    def change_visibility(self, receipt: str, seconds: float) -> Visibility:
+        """``ChangeMessageVisibility``; the receipt handle stays the same."""
+        now = time.time()
+        self.client.change_message_visibility(
+            QueueUrl=self._url(), ReceiptHandle=receipt, VisibilityTimeout=int(seconds)
+        )
+        return Visibility(receipt, to_datetime(now + seconds))
+
+    def change_visibility_batch(
+        self, receipts: Sequence[str], seconds: float
+    ) -> list[Visibility | BaseException]:
+        """``ChangeMessageVisibilityBatch`` (≤ 10); a failed entry gets its own error."""
+        now = time.time()
+        entries = [
+            {"Id": str(i), "ReceiptHandle": r, "VisibilityTimeout": int(seconds)}
+            for i, r in enumerate(receipts)
+        ]
+        response = self.client.change_message_visibility_batch(
+            QueueUrl=self._url(), Entries=entries
+        )
+        until = to_datetime(now + seconds)
+        results: list[Visibility | BaseException] = [
+            DriverError(ErrorCode.UNKNOWN, "SQS returned no result for this entry")
+        ] * len(receipts)
+        for ok in response.get("Successful", []):
+            index = int(ok["Id"])
+            results[index] = Visibility(receipts[index], until)
+        for failed in response.get("Failed", []):
+            results[int(failed["Id"])] = _entry_error(failed)
+        return results
+
+    def delete(self, receipt: str) -> None:
+        """``DeleteMessage``. A stale handle may succeed without deleting (SQS's rule)."""
+        self.client.delete_message(QueueUrl=self._url(), ReceiptHandle=receipt)
+
+    def delete_batch(self, receipts: Sequence[str]) -> list[BaseException | None]:
+        """``DeleteMessageBatch`` (≤ 10); a failed entry gets its own error."""
+        entries = [{"Id": str(i), "ReceiptHandle": r} for i, r in enumerate(receipts)]
+        response = self.client.delete_message_batch(QueueUrl=self._url(), Entries=entries)
+        results: list[BaseException | None] = [
+            DriverError(ErrorCode.UNKNOWN, "SQS returned no result for this entry")
+        ] * len(receipts)
+        for ok in response.get("Successful", []):
+            results[int(ok["Id"])] = None
+        for failed in response.get("Failed", []):
+            results[int(failed["Id"])] = _entry_error(failed)
+        return results
+
+    # ------------------------------------------------------------ dead letter
+
+    def dead_letter(self, receipt: str, reason: str, message: RawMessage) -> None:
+        """Send a copy with the reason to the redrive DLQ or ``<queue>-poison``, then delete."""
+        url = self._url()
+        target = self._dead_letter_target(create=True)
+        assert target is not None
+        raw = message.raw if isinstance(message.raw, Mapping) else {}
+        body = raw.get("Body")
+        if not isinstance(body, str):
+            body = base64.b64encode(message.body).decode("ascii")
+        properties = {
+            **message.properties,
+            ORIGINAL_ID: message.id,
+            DELIVERY_COUNT: str(message.delivery_count),
+            REASON: reason,
+        }
+        attributes = _encode_properties(properties)
+        room = self._maximum_message_size - len(body)
+        if _attributes_size(attributes) > room:
+            attributes = self._shorten_reason(properties, reason, room)
+        self.client.send_message(QueueUrl=target, MessageBody=body, MessageAttributes=attributes)
+        self.client.delete_message(QueueUrl=url, ReceiptHandle=receipt)
+
+    def _shorten_reason(self, properties: dict[str, str], reason: str, room: int) -> dict[str, Any]:
+        """The attributes with the longest prefix of ``reason`` (plus "…") that fits ``room``."""
+        low, high = 0, len(reason) - 1  # the longest fitting prefix is in [low, high]
+        best: dict[str, Any] | None = None
+        while low <= high:
+            keep = (low + high) // 2
+            properties[REASON] = reason[:keep] + "\u2026"
+            attributes = _encode_properties(properties)
+            if _attributes_size(attributes) <= room:
+                best, low = attributes, keep + 1
+            else:
+                high = keep - 1
+        if best is None:
+            raise DriverError(
+                ErrorCode.TOO_LARGE,
+                "aws-sqs: the dead-letter copy with its properties is over the queue's "
+                f"{self._maximum_message_size}-byte limit",
+                backend_code="MessageTooLong",
+            )
+        return best
+
+    def _dead_letter_target(self, *, create: bool) -> str | None:
+        """The redrive policy's DLQ URL, else ``<queue>-poison`` (created if ``create``)."""
+        if self._dead_letter_url is not None:
+            return self._dead_letter_url
+        response = self.client.get_queue_attributes(
+            QueueUrl=self._url(), AttributeNames=["RedrivePolicy"]
+        )
+        policy = response.get("Attributes", {}).get("RedrivePolicy")
+        url: str | None
+        if policy:
+            arn = json.loads(policy)["deadLetterTargetArn"]
+            _, _, _, _, owner, name = arn.split(":", 5)
+            url = self._lookup(name, owner)
+        else:
+            name = self.queue + POISON_SUFFIX
+            try:
+                url = self._lookup(name, self.account)
+            except Exception as exc:
+                if self.error_code(exc) is not ErrorCode.QUEUE_NOT_FOUND:
+                    raise
+                if not create:
+                    return None
+                url = self.client.create_queue(QueueName=name)["QueueUrl"]
+        self._dead_letter_url = url
+        return url
+
+    def dead_letters(self, limit: int) -> list[DeadLetter]:
+        """Receive up to ``limit`` letters hidden for 30 s, then release them (visibility 0)."""
+        target = self._dead_letter_target(create=False)
+        if target is None:
+            return []
+        seen: dict[str, DeadLetter] = {}
+        handles: list[str] = []
+        try:
+            while len(seen) < limit:
+                response = self.client.receive_message(
+                    QueueUrl=target,
+                    MaxNumberOfMessages=min(BATCH, limit - len(seen)),
+                    VisibilityTimeout=PEEK_HIDE,
+                    WaitTimeSeconds=0 if seen else 1,
+                    MessageSystemAttributeNames=["ApproximateReceiveCount"],
+                    MessageAttributeNames=["All"],
+                )
+                messages = response.get("Messages", [])
+                if not messages:
+                    break
+                for m in messages:
+                    handles.append(m["ReceiptHandle"])
+                    properties = _decode_properties(m.get("MessageAttributes", {}))
+                    reason = properties.pop(REASON, None)
+                    original = properties.pop(ORIGINAL_ID, None)
+                    count = properties.pop(DELIVERY_COUNT, None)
+                    seen.setdefault(
+                        m["MessageId"],
+                        DeadLetter(
+                            id=original or m["MessageId"],
+                            body=_decode_body(m.get("Body", "")),
+                            reason=reason,
+                            delivery_count=int(count) if count and count.isdigit() else None,
+                            properties=properties,
+                        ),
+                    )
+        finally:
+            for start in range(0, len(handles), BATCH):
+                chunk = handles[start : start + BATCH]
+                self.client.change_message_visibility_batch(
+                    QueueUrl=target,
+                    Entries=[
+                        {"Id": str(i), "ReceiptHandle": h, "VisibilityTimeout": 0}
+                        for i, h in enumerate(chunk)
+                    ],
+                )
+        return list(seen.values())[:limit]
+
+    def stats(self) -> QueueStats:
+        """SQS's approximate counts (``ApproximateNumberOfMessages*``)."""
+        response = self.client.get_queue_attributes(
+            QueueUrl=self._url(),
+            AttributeNames=[
+                "ApproximateNumberOfMessages",
+                "ApproximateNumberOfMessagesNotVisible",
+                "ApproximateNumberOfMessagesDelayed",
+            ],
+        )
+        attributes = response.get("Attributes", {})
+        return QueueStats(
+            visible=int(attributes.get("ApproximateNumberOfMessages", 0)),
+            leased=int(attributes.get("ApproximateNumberOfMessagesNotVisible", 0)),
+            delayed=int(attributes.get("ApproximateNumberOfMessagesDelayed", 0)),
+        )
+
+    def sibling(self, queue: str) -> SqsDriver:
+        """Another queue of the same account and region, sharing this driver's client."""
+        return SqsDriver(
+            queue=queue,
+            region=self.region,
+            endpoint_url=self.endpoint_url,
+            account=self.account,
+            maximum_message_size=self._maximum_message_size,
+            _connection=self._connection,
+        )
+
+    # ------------------------------------------------------------------ admin
+
+    def create_queue(self) -> None:
+        """``CreateQueue`` (a no-op for an existing queue with default attributes)."""
+        try:
+            url: str = self.client.create_queue(QueueName=self.queue)["QueueUrl"]
+        except Exception as exc:
+            if self.error_code(exc) is not ErrorCode.QUEUE_EXISTS:
+                raise
+            url = self._lookup(self.queue, self.account)
+        if self._given_url is None:
+            with self._url_lock:
+                self._queue_url = url
+
+    def delete_queue(self) -> None:
+        """``DeleteQueue`` for the queue and its ``<queue>-poison``; missing ones are fine."""
+        names: list[tuple[str | None, str]] = [(self._queue_url, self.queue)]
+        names.append((None, self.queue + POISON_SUFFIX))
+        for url, name in names:
+            try:
+                self.client.delete_queue(QueueUrl=url or self._lookup(name, self.account))
+            except Exception as exc:
+                if self.error_code(exc) is not ErrorCode.QUEUE_NOT_FOUND:
+                    raise
+        with self._url_lock:
+            if self._given_url is None:
+                self._queue_url = None
+            self._dead_letter_url = None
+
+    # ----------------------------------------------------------------- errors
+
+    def error_code(self, exc: BaseException) -> ErrorCode:
+        """Classify a botocore error by its service code, HTTP status or class."""
+        if isinstance(exc, DriverError):
+            return exc.code
+        code, query_code, message, status = _client_error_parts(exc)
+        if code is not None:
+            return _classify(code, query_code, message, status)
+        names = {cls.__name__ for cls in type(exc).__mro__}
+        if names & set(_NETWORK_ERRORS):
+            return ErrorCode.UNAVAILABLE
+        if names & set(_CREDENTIAL_ERRORS):
+            return ErrorCode.UNAUTHENTICATED
+        if names & {"ParamValidationError", "NoRegionError", "InvalidRegionError"}:
+            return ErrorCode.INVALID_ARGUMENT
+        return ErrorCode.UNKNOWN
+
+    def backend_code(self, exc: BaseException) -> str | None:
+        """The SQS error code (``ReceiptHandleIsInvalid``...) or the botocore error's class."""
+        if isinstance(exc, DriverError):
+            return exc.backend_code
+        code, _, _, _ = _client_error_parts(exc)
+        if code is not None:
+            return code
+        if type(exc).__module__.startswith("botocore"):
+            return type(exc).__name__
+        return None
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        """Never: boto3 retries transient errors itself ("the client handles retries")."""
+        return False
+
+    def close(self) -> None:
+        """Release the shared client (closed when its last driver closes)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._connection.release()
+
+    # ------------------------------------------------------------ encoding
+
+    def _encode(self, message: OutgoingMessage) -> tuple[str, dict[str, Any]]:
+        body = base64.b64encode(message.body).decode("ascii")
+        attributes = _encode_properties(message.properties)
+        total = len(body) + _attributes_size(attributes)
+        if total > self._maximum_message_size:
+            raise DriverError(
+                ErrorCode.TOO_LARGE,
+                f"aws-sqs: body and properties take {total} bytes once encoded; the queue "
+                f"accepts {self._maximum_message_size}",
+                backend_code="MessageTooLong",
+            )
+        return body, attributes
+
+
+# --------------------------------------------------------------------- helpers
+
+
+def _send_kwargs(body: str, attributes: dict[str, Any], delay: float) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"MessageBody": body}
+    if attributes:
+        kwargs["MessageAttributes"] = attributes
+    if delay > 0:
+        kwargs["DelaySeconds"] = min(math.ceil(delay), MAX_DELAY)
+    return kwargs
+
+
+def _decode_body(text: str) -> bytes:
+    """A leasekit body is base64; a body some other producer sent is returned as UTF-8."""
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return text.encode("utf-8")
+
+
+def _attribute_ok(name: str, value: str) -> bool:
+    lowered = name.lower()
+    return (
+        bool(_ATTRIBUTE_NAME.match(name))
+        and not lowered.startswith(("aws.", "amazon."))
+        and name != PACKED
+        and bool(value)
+        and not _BAD_TEXT.search(value)
+    )
+
+
+def _encode_properties(properties: Mapping[str, str]) -> dict[str, Any]:
+    """One String attribute per property where SQS allows it; else all as JSON in one."""
+    if not properties:
+        return {}
+    if len(properties) <= MAX_ATTRIBUTES and all(
+        _attribute_ok(k, v) for k, v in properties.items()
+    ):
+        return {k: {"DataType": "String", "StringValue": v} for k, v in properties.items()}
+    packed = json.dumps(dict(properties), ensure_ascii=True, separators=(",", ":"))
+    return {PACKED: {"DataType": "String", "StringValue": packed}}
+
+
+def _decode_properties(attributes: Mapping[str, Any]) -> dict[str, str]:
+    properties: dict[str, str] = {}
+    packed: dict[str, str] = {}
+    for name, value in attributes.items():
+        text = value.get("StringValue")
+        if text is None:
+            binary = value.get("BinaryValue")
+            if binary is None:
+                continue
+            text = base64.b64encode(binary).decode("ascii")
+        if name == PACKED:
+            try:
+                decoded = json.loads(text)
+            except ValueError:
+                decoded = None
+            if isinstance(decoded, dict) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in decoded.items()
+            ):
+                packed = decoded
+                continue
+        properties[name] = text
+    properties.update(packed)
+    return properties
+
+
+def _attributes_size(attributes: Mapping[str, Any]) -> int:
+    """Bytes SQS counts for message attributes: name, data type and value."""
+    return sum(
+        len(name.encode("utf-8"))
+        + len(value["DataType"].encode("utf-8"))
+        + len(value["StringValue"].encode("utf-8"))
+        for name, value in attributes.items()
+    )
+
+
+def _client_error_parts(exc: BaseException) -> tuple[str | None, str | None, str, int | None]:
+    """(code, query code, message, HTTP status) of a botocore ClientError; code None otherwise."""
+    response = getattr(exc, "response", None)
+    if not isinstance(response, Mapping):
+        return None, None, "", None
+    error = response.get("Error") or {}
+    code = error.get("Code")
+    if not code:
+        return None, None, "", None
+    status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+    message = str(error.get("Message") or "")
+    if str(code).isdigit():
+        # An XML error body a JSON-protocol client could not parse (moto's auth
+        # errors): botocore puts the HTTP status in Code and the XML in Message.
+        found = _XML_CODE.search(message)
+        if found:
+            code = found.group(1)
+            inner = _XML_MESSAGE.search(message)
+            message = inner.group(1) if inner else message
+    return str(code), error.get("QueryErrorCode"), message, status
+
+
+def _classify(code: str, query_code: str | None, message: str, status: int | None) -> ErrorCode:
+    codes = {code, query_code} - {None}
+    lowered = message.lower()
+    if codes & _LOST_CODES:
+        return ErrorCode.LEASE_LOST
+    if codes & _NOT_FOUND_CODES:
+        return ErrorCode.QUEUE_NOT_FOUND
+    if codes & _AUTH_CODES:
+        return ErrorCode.UNAUTHENTICATED
+    if codes & _UNAVAILABLE_CODES or (status is not None and status >= 500):
+        return ErrorCode.UNAVAILABLE
+    if codes & _EXISTS_CODES:
+        return ErrorCode.QUEUE_EXISTS
+    if codes & _TOO_LARGE_CODES:
+        return ErrorCode.TOO_LARGE
+    if codes & _UNSUPPORTED_CODES:
+        return ErrorCode.UNSUPPORTED
+    if "InvalidParameterValue" in codes:
+        # SQS reports an expired or not-in-flight receipt handle this way, e.g.
+        # "Value ... for parameter ReceiptHandle is invalid. Reason: The receipt
+        # handle has expired."
+        if "receipthandle" in lowered or "receipt handle" in lowered:
+            return ErrorCode.LEASE_LOST
+        if "message does not exist" in lowered or "not available for visibility" in lowered:
+            return ErrorCode.LEASE_LOST
+        if "shorter than" in lowered or "too long" in lowered:
+            return ErrorCode.TOO_LARGE
+    if codes & _INVALID_CODES:
+        return ErrorCode.INVALID_ARGUMENT
+    if status == 403:
+        return ErrorCode.UNAUTHENTICATED
+    if status == 429:
+        return ErrorCode.UNAVAILABLE
+    return ErrorCode.UNKNOWN
+
+
+def _entry_error(failed: Mapping[str, Any]) -> DriverError:
+    """The error for one failed batch entry, classified like a whole-call error."""
+    code = str(failed.get("Code") or "UnknownError")
+    message = str(failed.get("Message") or code)
+    classified = _classify(code, None, message, None)
+    if classified is ErrorCode.UNKNOWN and not failed.get("SenderFault", True):
+        classified = ErrorCode.UNAVAILABLE  # a server-side fault on this entry
+    return DriverError(classified, f"{code}: {message}", backend_code=code)
