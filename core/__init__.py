@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from .capabilities import Capabilities
 from .clock import Clock, ManualClock, SystemClock
+from .consumer import Consumer, ConsumerStats
+from .duration_policy import AdaptiveLeaseDuration, FixedLeaseDuration, LeaseDurationPolicy
 from .errors import (
     AuthenticationFailed,
     BackendError,
@@ -37,6 +39,8 @@ from .errors import (
     UnsupportedOperation,
 )
 from .hookspecs import hookimpl
+from .idempotency import IdempotencyStore, MemoryIdempotencyStore, SqliteIdempotencyStore
+from .keeper import KeeperStats, LeaseKeeper
 from .lease import Lease
 from .message import LeaseState, Message
 from .queue import Queue
@@ -47,6 +51,7 @@ from .spi import DeadLetter, QueueStats
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdaptiveLeaseDuration",
     "AuthenticationFailed",
     "BackendError",
     "BackendNotFound",
@@ -56,16 +61,24 @@ __all__ = [
     "BackendUnavailable",
     "Capabilities",
     "Clock",
+    "Consumer",
+    "ConsumerStats",
     "DeadLetter",
+    "FixedLeaseDuration",
+    "IdempotencyStore",
     "InvalidArgument",
     "InvalidLeaseDuration",
     "InvalidURL",
+    "KeeperStats",
     "Lease",
+    "LeaseDurationPolicy",
     "LeaseError",
+    "LeaseKeeper",
     "LeaseLost",
     "LeaseState",
     "LeaseStateError",
     "ManualClock",
+    "MemoryIdempotencyStore",
     "Message",
     "MessageTooLarge",
     "Queue",
@@ -74,6 +87,7 @@ __all__ = [
     "QueueNotFound",
     "QueueStats",
     "RetryPolicy",
+    "SqliteIdempotencyStore",
     "SystemClock",
     "UnsupportedOperation",
     "__version__",

@@ -427,6 +427,66 @@ class Queue:
                     self._emit("leasekit_lease_completed", lease=lz)
         return results
 
+    def _renew_many(
+        self, leases: Sequence[Lease], seconds: float
+    ) -> list[errors.LeaseError | bool | None]:
+        """Renew several held leases for ``seconds``, batched where the backend can.
+
+        One result per lease: ``None`` renewed; ``False`` skipped because the
+        lease was busy (being settled by its holder) or no longer held; or the
+        leasekit error for that lease (a :class:`LeaseLost` has marked it lost).
+        Used by the keeper; ``seconds`` must already be validated.
+        """
+        self._require_open()
+        results: list[errors.LeaseError | bool | None] = [False] * len(leases)
+        size = self.capabilities.max_renew_batch
+        for start in range(0, len(leases), size):
+            chunk = list(enumerate(leases[start : start + size], start))
+            locked = [(i, lz) for i, lz in chunk if lz._lock.acquire(blocking=False)]
+            try:
+                live = [(i, lz) for i, lz in locked if lz._state is LeaseState.HELD]
+                if not live:
+                    continue
+                outcome: list[Visibility | BaseException]
+                try:
+                    if len(live) == 1:
+                        receipt = live[0][1].receipt
+                        outcome = [
+                            self._call(
+                                "renew", partial(self._driver.change_visibility, receipt, seconds)
+                            )
+                        ]
+                    else:
+                        receipts = [lz.receipt for _, lz in live]
+                        outcome = list(
+                            self._call(
+                                "renew",
+                                partial(self._driver.change_visibility_batch, receipts, seconds),
+                            )
+                        )
+                except errors.LeaseError as exc:
+                    outcome = [exc] * len(live)
+                for (i, lz), result in zip(live, outcome, strict=True):
+                    if isinstance(result, Visibility):
+                        lz._receipt = result.receipt
+                        lz._expires_at = result.visible_until
+                        lz._duration = seconds
+                        results[i] = None
+                        continue
+                    error = wrap_error(self._driver, result, f"renew on {self.name!r}")
+                    if error is not result:
+                        error.__cause__ = result
+                    if isinstance(error, errors.LeaseLost):
+                        lz._mark_lost(error)
+                    results[i] = error
+            finally:
+                for _, lz in locked:
+                    lz._lock.release()
+            for i, lz in chunk:
+                if results[i] is None:
+                    self._emit("leasekit_lease_renewed", lease=lz)
+        return results
+
     # ------------------------------------------------------------- validation
 
     def _check_duration(self, duration: object, what: str = "lease duration") -> float:
@@ -614,13 +674,23 @@ class Queue:
             return sibling
 
     def _emit(self, hook: str, **kwargs: Any) -> None:
-        """Call a lease-event hook; an observer's error is logged, never raised."""
+        """Call an event hook's observers; one observer's error is logged, never raised.
+
+        ``after_`` hooks run in reverse of the ``before_`` order, so the first
+        observer to see a message go in is the last to see it come out.
+        """
         if self._hooks is None:
             return
         caller = getattr(self._hooks, hook, None)
         if caller is None:
             return
-        try:
-            caller(**kwargs)
-        except Exception:
-            self._log.exception("a leasekit plugin failed in %s", hook)
+        impls = caller.get_hookimpls()
+        if not impls:
+            return
+        # pluggy calls the last registered first; "after" hooks go the other way.
+        ordered = impls if "_after_" in hook else reversed(impls)
+        for impl in ordered:
+            try:
+                impl.function(**{name: kwargs[name] for name in impl.argnames if name in kwargs})
+            except Exception:
+                self._log.exception("leasekit plugin %r failed in %s", impl.plugin_name, hook)

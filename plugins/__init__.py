@@ -1,0 +1,1 @@
+"""Optional integrations hooked into leasekit through pluggy (entry points ``leasekit.plugins``)."""

@@ -1,0 +1,393 @@
+"""The worker loop: lease, keep alive, handle, settle; poison messages, idempotency, shutdown."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import asdict, dataclass, field
+from types import FrameType
+from typing import Any
+
+from . import errors
+from .duration_policy import FixedLeaseDuration, LeaseDurationPolicy
+from .idempotency import IdempotencyStore
+from .keeper import LeaseKeeper
+from .lease import Lease
+from .message import LeaseState
+from .queue import Queue
+
+__all__ = ["Consumer", "ConsumerStats"]
+
+_log = logging.getLogger("leasekit.consumer")
+
+#: How long one lease call waits for messages; bounds how fast ``stop()`` is noticed.
+LEASE_WAIT = 1.0
+
+
+@dataclass
+class ConsumerStats:
+    """What a consumer did. Counters only grow; ``in_flight`` and ``buffered`` are current."""
+
+    received: int = 0
+    completed: int = 0
+    failed: int = 0
+    abandoned: int = 0
+    dead_lettered: int = 0
+    duplicates_skipped: int = 0
+    stale_on_complete: int = 0
+    lost: int = 0
+    settle_errors: int = 0
+    abandoned_at_shutdown: int = 0
+    in_flight: int = 0
+    buffered: int = 0
+    lease_duration: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The counters as a plain dict."""
+        return asdict(self)
+
+
+class Consumer:
+    """Runs ``handler`` on every message of ``queue``, with leases kept alive by a keeper.
+
+    Parameters:
+        queue: the queue to consume.
+        handler: called as ``handler(message)`` (or ``handler(lease)`` with
+            ``pass_lease=True``). Returning completes the message; raising
+            abandons it with an exponential backoff delay.
+        concurrency: handler threads.
+        lease_duration: the physical lease (fixed policy); the queue's default if ``None``.
+        duration_policy: a :class:`~leasekit.duration_policy.LeaseDurationPolicy`
+            (e.g. ``AdaptiveLeaseDuration``) instead of a fixed duration.
+        max_deliveries: a message delivered more times than this is dead-lettered
+            without calling the handler (poison); ``None`` never dead-letters.
+        idempotency: a store of processed ids; a recorded id is completed
+            without calling the handler (see :mod:`leasekit.idempotency`).
+        keeper: a shared :class:`LeaseKeeper`; by default the consumer runs its own.
+        max_lifetime: stop renewing a message after this many seconds (a hung
+            handler lets go); ``None`` renews while the handler runs.
+        prefetch: messages leased ahead of free handler threads (kept leased too).
+        backoff_base, backoff_max: abandon delay ``base * 2**(delivery_count-1)``, capped.
+        shutdown_grace: seconds in-flight handlers get to finish on stop.
+        pass_lease: call the handler with the :class:`Lease` instead of the message.
+        handle_signals: on ``run()`` in the main thread, SIGINT/SIGTERM stop gracefully.
+
+    Raises:
+        InvalidArgument: a non-callable handler, concurrency < 1, max_deliveries < 1, ...
+    """
+
+    def __init__(
+        self,
+        queue: Queue,
+        handler: Callable[[Any], object],
+        *,
+        concurrency: int = 1,
+        lease_duration: float | None = None,
+        duration_policy: LeaseDurationPolicy | None = None,
+        max_deliveries: int | None = None,
+        idempotency: IdempotencyStore | None = None,
+        keeper: LeaseKeeper | None = None,
+        max_lifetime: float | None = None,
+        prefetch: int | None = None,
+        backoff_base: float = 1.0,
+        backoff_max: float = 300.0,
+        shutdown_grace: float = 30.0,
+        pass_lease: bool = False,
+        handle_signals: bool = True,
+    ) -> None:
+        if not isinstance(queue, Queue):
+            raise errors.InvalidArgument(f"queue must be a leasekit Queue, got {queue!r}")
+        if not callable(handler):
+            raise errors.InvalidArgument(f"handler must be callable, got {handler!r}")
+        if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
+            raise errors.InvalidArgument(f"concurrency must be an int >= 1, got {concurrency!r}")
+        if max_deliveries is not None and (
+            not isinstance(max_deliveries, int)
+            or isinstance(max_deliveries, bool)
+            or max_deliveries < 1
+        ):
+            raise errors.InvalidArgument(
+                f"max_deliveries must be an int >= 1 or None, got {max_deliveries!r}"
+            )
+        if prefetch is not None and (not isinstance(prefetch, int) or prefetch < 0):
+            raise errors.InvalidArgument(f"prefetch must be an int >= 0, got {prefetch!r}")
+        if backoff_base < 0 or backoff_max < 0 or shutdown_grace < 0:
+            raise errors.InvalidArgument("backoff and shutdown_grace must be >= 0")
+        if lease_duration is not None and duration_policy is not None:
+            raise errors.InvalidArgument("give lease_duration or duration_policy, not both")
+        if idempotency is not None and not isinstance(idempotency, IdempotencyStore):
+            raise errors.InvalidArgument("idempotency must have seen(), record() and close()")
+        self.queue = queue
+        self.handler = handler
+        self.concurrency = concurrency
+        if duration_policy is None:
+            seconds = (
+                queue.default_lease_duration
+                if lease_duration is None
+                else queue._check_duration(lease_duration)
+            )
+            duration_policy = FixedLeaseDuration(seconds)
+        self.duration_policy = duration_policy
+        self.max_deliveries = max_deliveries
+        self.idempotency = idempotency
+        self.max_lifetime = max_lifetime
+        self.prefetch = concurrency if prefetch is None else prefetch
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self.shutdown_grace = shutdown_grace
+        self.pass_lease = pass_lease
+        self.handle_signals = handle_signals
+        self._keeper = keeper
+        self._own_keeper = keeper is None
+        self._stats = ConsumerStats()
+        self._lock = threading.Condition()
+        self._stop = threading.Event()
+        self._running = False
+        self._pending: dict[int, Lease] = {}
+        self._started: dict[int, Lease] = {}
+        self._shutting_down = False
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def stats(self) -> ConsumerStats:
+        """A snapshot of the counters (and the lease-duration policy's figures)."""
+        with self._lock:
+            snapshot = ConsumerStats(**asdict(self._stats))
+        snapshot.lease_duration = dict(self.duration_policy.figures())
+        return snapshot
+
+    def stop(self) -> None:
+        """Ask ``run()`` to stop: no new leases; in-flight handlers get the grace period."""
+        self._stop.set()
+        with self._lock:
+            self._lock.notify_all()
+
+    def run(self, *, until_idle: bool = False) -> ConsumerStats:
+        """Consume until :meth:`stop` (or a signal), or with ``until_idle`` until drained.
+
+        Returns:
+            The final stats. After a clean return no message is left leased by
+            this consumer: unstarted ones are abandoned, and in-flight handlers
+            that outlive the grace period have their leases abandoned.
+        """
+        with self._lock:
+            if self._running:
+                raise errors.LeaseStateError("this Consumer is already running")
+            self._running = True
+        self._stop.clear()
+        keeper = self._keeper or LeaseKeeper()
+        self._keeper = keeper
+        pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="leasekit-worker")
+        futures: dict[Future[None], Lease] = {}
+        restore = self._install_signals()
+        self.queue._emit("leasekit_worker_event", name="started", details=self._details())
+        try:
+            self._loop(pool, futures, keeper, until_idle)
+        finally:
+            self.queue._emit("leasekit_worker_event", name="stopping", details=self._details())
+            self._shutdown(pool, futures, keeper)
+            restore()
+            with self._lock:
+                self._running = False
+            self.queue._emit("leasekit_worker_event", name="stopped", details=self._details())
+        return self.stats
+
+    # ---------------------------------------------------------------- the loop
+
+    def _loop(
+        self,
+        pool: ThreadPoolExecutor,
+        futures: dict[Future[None], Lease],
+        keeper: LeaseKeeper,
+        until_idle: bool,
+    ) -> None:
+        limit = self.concurrency + self.prefetch
+        batch = self.queue.capabilities.max_receive_batch
+        while not self._stop.is_set():
+            with self._lock:
+                while len(self._pending) + len(self._started) >= limit and not self._stop.is_set():
+                    self._lock.wait(0.5)
+                outstanding = len(self._pending) + len(self._started)
+            if self._stop.is_set():
+                return
+            want = max(1, min(limit - outstanding, batch))
+            duration = self._duration()
+            leases = self.queue.lease(want, duration=duration, wait=LEASE_WAIT)
+            if not leases:
+                with self._lock:
+                    idle = not self._pending and not self._started
+                if until_idle and idle:
+                    return
+                continue
+            for lease in leases:
+                keeper.add(lease, max_lifetime=self.max_lifetime)
+                with self._lock:
+                    self._stats.received += 1
+                    self._pending[id(lease)] = lease
+                    self._stats.buffered = len(self._pending)
+                futures[pool.submit(self._process, lease)] = lease
+            for future in [f for f in futures if f.done()]:
+                del futures[future]
+
+    def _duration(self) -> float:
+        caps = self.queue.capabilities
+        if caps.fixed_lease is not None:
+            return caps.fixed_lease
+        wanted = self.duration_policy.current()
+        return self.queue._check_duration(min(max(wanted, caps.min_lease), caps.max_lease))
+
+    def _process(self, lease: Lease) -> None:
+        with self._lock:
+            if self._pending.pop(id(lease), None) is None:
+                return  # abandoned at shutdown before it started
+            self._started[id(lease)] = lease
+            self._stats.in_flight = len(self._started)
+            self._stats.buffered = len(self._pending)
+        outcome = "error"
+        error: BaseException | None = None
+        self.queue._emit("leasekit_before_process", lease=lease)
+        try:
+            outcome, error = self._handle(lease)
+        finally:
+            keeper = self._keeper
+            if keeper is not None:
+                keeper.discard(lease)
+            with self._lock:
+                self._started.pop(id(lease), None)
+                self._stats.in_flight = len(self._started)
+                self._lock.notify_all()
+            self.queue._emit("leasekit_after_process", lease=lease, error=error, outcome=outcome)
+
+    def _handle(self, lease: Lease) -> tuple[str, BaseException | None]:
+        message = lease.message
+        try:
+            if self.max_deliveries is not None and message.delivery_count > self.max_deliveries:
+                lease.dead_letter(
+                    f"delivered {message.delivery_count} times; max_deliveries is "
+                    f"{self.max_deliveries}"
+                )
+                self._count("dead_lettered")
+                return "dead_lettered", None
+            if self.idempotency is not None and self.idempotency.seen(message.id):
+                lease.complete()
+                self._count("duplicates_skipped")
+                return "duplicate", None
+            start = time.monotonic()
+            try:
+                self.handler(lease if self.pass_lease else message)
+            except Exception as exc:
+                self._count("failed")
+                _log.warning("handler failed on message %r: %r", message.id, exc)
+                lease.abandon(delay=self._backoff(message.delivery_count))
+                self._count("abandoned")
+                return "abandoned", exc
+            self.duration_policy.observe(time.monotonic() - start)
+            if self.idempotency is not None:
+                self.idempotency.record(message.id)
+            try:
+                lease.complete()
+            except errors.LeaseLost as exc:
+                self._count("stale_on_complete")
+                self.duration_policy.stale()
+                _log.warning(
+                    "message %r was handled but its receipt was stale on complete (%s); "
+                    "it may be delivered again",
+                    message.id,
+                    exc,
+                )
+                return "stale", exc
+            self._count("completed")
+            return "completed", None
+        except errors.LeaseLost as exc:
+            self._count("lost")
+            return "lost", exc
+        except errors.LeaseStateError as exc:
+            if lease.state is LeaseState.ABANDONED and self._shutting_down:
+                return "abandoned_at_shutdown", None
+            raise exc
+        except errors.LeaseError as exc:
+            self._count("settle_errors")
+            _log.error("could not settle message %r: %s", message.id, exc)
+            return "error", exc
+
+    def _backoff(self, delivery_count: int) -> float:
+        limit = self.queue.capabilities.max_abandon_delay
+        if limit <= 0 or self.backoff_base <= 0:
+            return 0.0
+        delay = self.backoff_base * 2 ** max(0, delivery_count - 1)
+        return float(min(delay, self.backoff_max, limit))
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            setattr(self._stats, name, getattr(self._stats, name) + 1)
+
+    # ---------------------------------------------------------------- shutdown
+
+    def _shutdown(
+        self,
+        pool: ThreadPoolExecutor,
+        futures: dict[Future[None], Lease],
+        keeper: LeaseKeeper,
+    ) -> None:
+        self._shutting_down = True
+        with self._lock:
+            unstarted = list(self._pending.values())
+            self._pending.clear()
+            self._stats.buffered = 0
+        pool.shutdown(wait=False, cancel_futures=True)
+        for lease in unstarted:
+            self._abandon_at_shutdown(lease, keeper)
+        running = [f for f, lease in futures.items() if not f.done()]
+        if running:
+            wait_futures(running, timeout=self.shutdown_grace)
+        with self._lock:
+            overdue = list(self._started.values())
+        for lease in overdue:
+            _log.warning(
+                "handler for message %r did not finish within the %.0f s grace period; "
+                "abandoning its lease",
+                lease.message.id,
+                self.shutdown_grace,
+            )
+            self._abandon_at_shutdown(lease, keeper)
+        if self._own_keeper:
+            keeper.stop()
+            self._keeper = None
+        self._shutting_down = False
+
+    def _abandon_at_shutdown(self, lease: Lease, keeper: LeaseKeeper) -> None:
+        keeper.discard(lease)
+        if lease.state is not LeaseState.HELD:
+            return
+        try:
+            lease.abandon()
+            self._count("abandoned_at_shutdown")
+        except (errors.LeaseError, errors.LeaseStateError) as exc:
+            _log.warning("could not abandon message %r at shutdown: %s", lease.message.id, exc)
+
+    def _install_signals(self) -> Callable[[], None]:
+        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        previous: dict[int, Any] = {}
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            _log.info("signal %d: stopping the consumer gracefully", signum)
+            self.stop()
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, on_signal)
+
+        def restore() -> None:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+        return restore
+
+    def _details(self) -> dict[str, Any]:
+        return {"queue": self.queue.name, "concurrency": self.concurrency}

@@ -1,0 +1,67 @@
+"""Log every lease and worker event (registered by default through ``leasekit.plugins``).
+
+Logger ``leasekit.events``: acquired/renewed/completed/abandoned at DEBUG,
+dead-lettered and lost at WARNING, worker start/stop at INFO. Receipts are not
+logged (they are capabilities to settle someone's message); message ids are.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from leasekit.errors import LeaseLost
+from leasekit.hookspecs import hookimpl
+from leasekit.lease import Lease
+
+log = logging.getLogger("leasekit.events")
+
+
+@hookimpl
+def leasekit_lease_acquired(lease: Lease) -> None:
+    """Log an acquired lease."""
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug(
+            "leased %s from %s (delivery %d, until %s)",
+            lease.message.id,
+            lease.queue.name,
+            lease.message.delivery_count,
+            lease.expires_at.isoformat(),
+        )
+
+
+@hookimpl
+def leasekit_lease_renewed(lease: Lease) -> None:
+    """Log a renewal."""
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("renewed %s until %s", lease.message.id, lease.expires_at.isoformat())
+
+
+@hookimpl
+def leasekit_lease_completed(lease: Lease) -> None:
+    """Log a completion."""
+    log.debug("completed %s", lease.message.id)
+
+
+@hookimpl
+def leasekit_lease_abandoned(lease: Lease, delay: float) -> None:
+    """Log an abandon."""
+    log.debug("abandoned %s (visible again in %.1f s)", lease.message.id, delay)
+
+
+@hookimpl
+def leasekit_lease_dead_lettered(lease: Lease, reason: str) -> None:
+    """Log a dead-lettered message."""
+    log.warning("dead-lettered %s: %s", lease.message.id, reason)
+
+
+@hookimpl
+def leasekit_lease_lost(lease: Lease, error: LeaseLost) -> None:
+    """Log a lost lease."""
+    log.warning("lease on %s lost: %s", lease.message.id, error)
+
+
+@hookimpl
+def leasekit_worker_event(name: str, details: dict[str, Any]) -> None:
+    """Log worker lifecycle events."""
+    log.info("consumer %s: %s", name, details)
