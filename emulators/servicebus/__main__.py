@@ -1,0 +1,70 @@
+"""Command line: ``python -m leasekit.emulators.servicebus --port N [--config F]``.
+
+Serves until SIGTERM or SIGINT, then closes the listening socket and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from types import FrameType
+
+from .amqp import ServiceBusEmulator
+from .broker import Broker
+from .config import load_config
+
+
+class _Stop(BaseException):
+    """Raised from the signal handler to leave the proton event loop."""
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    raise _Stop(signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the emulator.
+
+    Parameters:
+        argv: command-line arguments (``sys.argv[1:]`` if ``None``).
+
+    Returns:
+        The process exit code.
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m leasekit.emulators.servicebus",
+        description="Azure Service Bus emulator (AMQP 1.0) for tests.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=5672, help="port to listen on")
+    parser.add_argument("--config", help="queues JSON (Microsoft emulator Config.json shape)")
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="logging level",
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = load_config(args.config)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    emulator = ServiceBusEmulator(Broker(config), args.host, args.port)
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    try:
+        emulator.run()
+    except _Stop:
+        logging.getLogger("leasekit.emulators.servicebus").info("stopping")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

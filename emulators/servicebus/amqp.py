@@ -1,0 +1,742 @@
+"""The AMQP 1.0 face of the Service Bus emulator, on python-qpid-proton.
+
+Serves the ``azure-servicebus`` SDK (sync and aio, >= 7.15) connected with
+``Endpoint=sb://127.0.0.1:PORT;...;UseDevelopmentEmulator=true``: plain TCP, no TLS.
+
+Emulated on the wire:
+    * SASL ANONYMOUS (and PLAIN, unchecked); any CBS ``put-token`` on ``$cbs`` is
+      accepted (status-code 202); tokens are not validated or expired;
+    * sender links to ``<queue>``: single messages and batches (message-format
+      0x80013700, recognised by shape), scheduled enqueue time annotation, accepted
+      outcome per transfer; oversize or malformed transfers are rejected;
+    * receiver links from ``<queue>`` or ``<queue>/$deadletterqueue``: PeekLock
+      (rcv-settle-mode second) and ReceiveAndDelete (snd-settle-mode settled);
+      credit-based flow; drain answered by giving up the credit;
+    * a delivery's tag is its 16-byte lock token (``uuid.bytes_le``); message
+      annotations ``x-opt-sequence-number``, ``x-opt-enqueued-time``,
+      ``x-opt-locked-until``; header ``delivery-count`` = failed deliveries so far;
+    * dispositions: accepted = complete, modified(delivery-failed) = abandon,
+      modified(undeliverable-here) = defer, rejected = dead-letter (reason and
+      description from the error info), released = unlock without counting; every
+      unsettled disposition is answered with a settled disposition repeating the
+      outcome, or ``rejected`` with ``com.microsoft:message-lock-lost`` when the lock
+      is gone;
+    * ``<entity>/$management`` request/response: ``com.microsoft:renew-lock``,
+      ``peek-message``, ``receive-by-sequence-number``, ``update-disposition``,
+      ``schedule-message``, ``cancel-scheduled-message``; lock lost gives status 410
+      with ``errorCondition`` ``com.microsoft:message-lock-lost``;
+    * emulator-only operations on ``$management``: ``leasekit:create-queue`` (body map
+      ``name``, ``properties`` in Config.json style) and ``leasekit:delete-queue``;
+    * an unknown entity gets its attach answered and then detached with
+      ``amqp:not-found`` (the SDK raises ``MessagingEntityNotFoundError``).
+
+Not emulated: TLS, token validation and expiry, sessions, topics and subscriptions,
+transactions, link redirects, rules, ``get-message-sessions``, message size quotas
+per entity. proton's container is not thread-safe: every state change here runs on
+the container thread, and timers (lock expiry, TTL, scheduled messages) are a
+periodic container task, not threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from typing import Any, cast
+
+from proton import (
+    UNDESCRIBED,
+    Array,
+    Condition,
+    Data,
+    Delivery,
+    Endpoint,
+    Handler,
+    Message,
+    Terminus,
+    int32,
+    symbol,
+)
+from proton.reactor import Container
+
+from .broker import Broker, EntityNotFound, LockLost, MessageNotFound, StoredMessage, SubQueue
+from .codec import Section, inspect, ms_timestamp, render, split_sections, unpack
+
+__all__ = ["MAX_MESSAGE_SIZE", "ServiceBusEmulator"]
+
+_log = logging.getLogger("leasekit.emulators.servicebus")
+
+MAX_MESSAGE_SIZE = 256 * 1024
+"""Largest message (or batch) accepted, as on the Standard tier."""
+
+CREDIT_WINDOW = 100
+TICK_SECONDS = 0.05
+
+LOCK_LOST = "com.microsoft:message-lock-lost"
+LOCK_LOST_TEXT = (
+    "The lock supplied is invalid. Either the lock expired, or the message has already "
+    "been removed from the queue."
+)
+DEAD_LETTER = "com.microsoft:dead-letter"
+OP_PREFIX = "com.microsoft:"
+
+
+def entity_path(address: str | None) -> str:
+    """Reduce a link address to an entity path.
+
+    ``amqps://host:port/orders``, ``sb://host/orders`` and ``orders`` all give
+    ``orders``; sub-paths (``orders/$DeadLetterQueue``) are kept.
+
+    Parameters:
+        address: the terminus address.
+
+    Returns:
+        The path without scheme, host and surrounding slashes.
+    """
+    text = address or ""
+    if "://" in text:
+        text = text.split("://", 1)[1]
+        text = text.split("/", 1)[1] if "/" in text else ""
+    return text.strip("/")
+
+
+def _elements(value: Any) -> list[Any]:
+    if isinstance(value, Array):
+        return list(value.elements)
+    if isinstance(value, list | tuple):
+        return list(value)
+    if value is None:
+        return []
+    return [value]
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    return str(value)
+
+
+class _MgmtError(Exception):
+    def __init__(self, status: int, condition: str, description: str) -> None:
+        super().__init__(description)
+        self.status = status
+        self.condition = condition
+        self.description = description
+
+
+class ServiceBusEmulator(Handler):
+    """The proton event handler: one instance serves every connection.
+
+    Parameters:
+        broker: queue state and semantics.
+        host: address to listen on.
+        port: port to listen on.
+        clock: the time source (``time.time``); tests may pass another.
+    """
+
+    def __init__(
+        self,
+        broker: Broker,
+        host: str = "127.0.0.1",
+        port: int = 5672,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__()
+        self.broker = broker
+        self.host = host
+        self.port = port
+        self.clock = clock
+        self._consumers: dict[int, list[Any]] = {}  # id(SubQueue) -> sender links
+        self._acceptor: Any = None
+        self._container: Any = None
+        self._closing = False
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Listen and serve until :meth:`stop` or an exception (e.g. from a signal)."""
+        self._container = Container(self)
+        self._container.run()
+
+    def stop(self) -> None:
+        """Stop listening and close every connection (call on the container thread)."""
+        self._closing = True
+        if self._acceptor is not None:
+            self._acceptor.close()
+        if self._container is not None:
+            self._container.stop()
+
+    def on_reactor_init(self, event: Any) -> None:
+        """Start listening and the timer."""
+        self._acceptor = event.container.listen(f"{self.host}:{self.port}")
+        event.container.schedule(TICK_SECONDS, self)
+        _log.info("Service Bus emulator listening on %s:%s", self.host, self.port)
+
+    def on_timer_task(self, event: Any) -> None:
+        """Apply lock expiry, TTL and scheduled enqueue; feed waiting receivers."""
+        if self._closing:
+            return
+        now = self.clock()
+        for queue in self.broker.expire(now):
+            self._pump_entity(queue.active)
+            self._pump_entity(queue.dead_letter)
+        event.container.schedule(TICK_SECONDS, self)
+
+    # -- connection, session, link endpoints --------------------------------------------------
+
+    def on_connection_bound(self, event: Any) -> None:
+        """Offer SASL ANONYMOUS/PLAIN on accepted connections."""
+        transport = event.transport
+        sasl = transport.sasl()
+        sasl.allowed_mechs("ANONYMOUS PLAIN")
+        sasl.allow_insecure_mechs = True
+
+    def on_connection_remote_open(self, event: Any) -> None:
+        """Open the connection."""
+        conn = event.connection
+        if conn.state & Endpoint.LOCAL_UNINIT:
+            conn.container = "leasekit-servicebus-emulator"
+            conn.open()
+
+    def on_connection_remote_close(self, event: Any) -> None:
+        """Close the connection and forget its links."""
+        self._forget_connection(event.connection)
+        if event.connection.state & Endpoint.LOCAL_ACTIVE:
+            event.connection.close()
+
+    def on_transport_closed(self, event: Any) -> None:
+        """Forget the links of a connection whose socket closed."""
+        if event.connection is not None:
+            self._forget_connection(event.connection)
+
+    def on_transport_error(self, event: Any) -> None:
+        """Log transport errors (port probes without AMQP end up here)."""
+        cond = event.transport.condition
+        _log.debug("transport error: %s", cond)
+
+    def on_session_remote_open(self, event: Any) -> None:
+        """Open the session."""
+        if event.session.state & Endpoint.LOCAL_UNINIT:
+            event.session.open()
+
+    def on_session_remote_close(self, event: Any) -> None:
+        """Close the session."""
+        if event.session.state & Endpoint.LOCAL_ACTIVE:
+            event.session.close()
+
+    def on_link_remote_close(self, event: Any) -> None:
+        """Close the link; its locks stay until they expire, as in Service Bus."""
+        link = event.link
+        self._forget_link(link)
+        if link.state & Endpoint.LOCAL_ACTIVE:
+            link.close()
+
+    def on_link_remote_detach(self, event: Any) -> None:
+        """Detach the link."""
+        link = event.link
+        self._forget_link(link)
+        if link.state & Endpoint.LOCAL_ACTIVE:
+            link.detach()
+
+    def _forget_link(self, link: Any) -> None:
+        entity = getattr_safe(link, "sb_entity")
+        if entity is not None and link.is_sender:
+            links = self._consumers.get(id(entity), [])
+            if link in links:
+                links.remove(link)
+        link.sb_kind = "closed"
+
+    def _forget_connection(self, conn: Any) -> None:
+        link = conn.link_head(0)
+        while link is not None:
+            self._forget_link(link)
+            link = link.next(0)
+
+    def on_link_remote_open(self, event: Any) -> None:
+        """Answer an attach: classify the address and set the link up (or refuse it)."""
+        link = event.link
+        if not link.state & Endpoint.LOCAL_UNINIT:
+            return
+        link.source.copy(link.remote_source)
+        link.target.copy(link.remote_target)
+        link.snd_settle_mode = link.remote_snd_settle_mode
+        link.rcv_settle_mode = link.remote_rcv_settle_mode
+        address = link.remote_source.address if link.is_sender else link.remote_target.address
+        path = entity_path(address)
+        try:
+            self._classify(link, path)
+        except EntityNotFound:
+            self._refuse(
+                link,
+                "amqp:not-found",
+                f"The messaging entity 'sb://{self.host}:{self.port}/{path}' could not be found.",
+            )
+            return
+        except _Refused as exc:
+            self._refuse(link, exc.condition, exc.description)
+            return
+        if link.is_sender:
+            link.max_message_size = 0
+        else:
+            link.max_message_size = MAX_MESSAGE_SIZE
+        link.open()
+        if link.is_receiver:
+            link.flow(CREDIT_WINDOW)
+        elif link.sb_kind == "consumer":
+            self._pump_link(link)
+
+    def _classify(self, link: Any, path: str) -> None:
+        lowered = path.casefold()
+        link.sb_entity = None
+        link.sb_pending = deque()
+        if lowered == "$cbs":
+            link.sb_kind = "cbs"
+            link.sb_node = path
+        elif lowered == "$management":
+            link.sb_kind = "admin"
+            link.sb_node = path
+        elif lowered.endswith("/$management"):
+            link.sb_kind = "mgmt"
+            link.sb_node = path
+            link.sb_entity = self.broker.entity(path[: -len("/$management")])
+        else:
+            entity = self.broker.entity(path)
+            link.sb_entity = entity
+            if link.is_receiver:
+                if entity.is_dead_letter:
+                    raise _Refused("amqp:not-allowed", "Cannot send to a dead-letter queue.")
+                link.sb_kind = "producer"
+            else:
+                if entity.queue.properties.requires_session or _has_session_filter(link):
+                    raise _Refused(
+                        "amqp:not-implemented", "Sessions are not supported by this emulator."
+                    )
+                link.sb_kind = "consumer"
+                # snd-settle-mode settled (1) = ReceiveAndDelete; otherwise PeekLock.
+                link.sb_lock = link.remote_snd_settle_mode != 1
+                self._consumers.setdefault(id(entity), []).append(link)
+
+    def _refuse(self, link: Any, condition: str, description: str) -> None:
+        # As the spec (and Service Bus) do: attach with a null terminus, then detach
+        # with the error; the SDK then raises the mapped error when it opens.
+        link.sb_kind = "refused"
+        link.sb_entity = None
+        if link.is_sender:
+            link.source.type = Terminus.UNSPECIFIED
+        else:
+            link.target.type = Terminus.UNSPECIFIED
+        link.open()
+        link.condition = Condition(condition, description)
+        link.close()
+
+    # -- flow ---------------------------------------------------------------------------------
+
+    def on_link_flow(self, event: Any) -> None:
+        """Send what the new credit allows; answer drain; flush pending replies."""
+        link = event.link
+        kind = getattr_safe(link, "sb_kind")
+        if not link.is_sender:
+            return
+        if kind == "consumer":
+            self._pump_link(link)
+        elif kind in ("cbs", "mgmt", "admin"):
+            self._flush_replies(link)
+
+    def _pump_entity(self, entity: SubQueue) -> None:
+        links = list(self._consumers.get(id(entity), []))
+        if not links:
+            return
+        # Round robin: one message per link per pass while credit and messages last.
+        active = [link for link in links if link.credit > 0]
+        now = self.clock()
+        while active and entity.has_available(now):
+            still: list[Any] = []
+            for link in active:
+                if self._deliver_one(link, entity, now) and link.credit > 0:
+                    still.append(link)
+            active = still
+        for link in links:
+            if link.drain_mode and link.credit > 0 and not entity.has_available(now):
+                link.drained()
+
+    def _pump_link(self, link: Any) -> None:
+        entity: SubQueue | None = getattr_safe(link, "sb_entity")
+        if entity is None or not link.state & Endpoint.LOCAL_ACTIVE:
+            return
+        now = self.clock()
+        while link.credit > 0 and self._deliver_one(link, entity, now):
+            pass
+        if link.drain_mode and link.credit > 0:
+            link.drained()
+
+    def _deliver_one(self, link: Any, entity: SubQueue, now: float) -> bool:
+        if link.credit <= 0 or not link.state & Endpoint.LOCAL_ACTIVE:
+            return False
+        lock = bool(link.sb_lock)
+        message = entity.receive(now, lock=lock)
+        if message is None:
+            return False
+        payload = self._render(message, locked=lock)
+        token = message.lock_token if lock and message.lock_token else uuid.uuid4()
+        delivery = link.delivery(token.bytes_le)
+        link.stream(payload)
+        link.advance()
+        if lock:
+            delivery.sb_token = token
+            delivery.sb_entity = entity
+            delivery.sb_done = False
+        else:
+            delivery.settle()
+        return True
+
+    def _render(self, message: StoredMessage, *, locked: bool, peek: bool = False) -> bytes:
+        annotations: dict[str, Any] = {
+            "x-opt-sequence-number": message.sequence_number,
+            "x-opt-enqueued-time": ms_timestamp(message.enqueued_at),
+        }
+        if message.locked_until is not None and (locked or peek):
+            annotations["x-opt-locked-until"] = ms_timestamp(message.locked_until)
+        sections: list[Section] = message.payload
+        return render(
+            sections,
+            delivery_count=message.delivery_count,
+            annotations=annotations,
+            application_properties=message.dead_letter_properties or None,
+        )
+
+    # -- deliveries ---------------------------------------------------------------------------
+
+    def on_delivery(self, event: Any) -> None:
+        """Incoming transfers (sends, requests) and dispositions of our deliveries."""
+        delivery = event.delivery
+        link = delivery.link
+        if link.is_receiver:
+            self._on_transfer(link, delivery)
+        else:
+            self._on_disposition(delivery)
+
+    def _on_transfer(self, link: Any, delivery: Any) -> None:
+        if not delivery.readable:
+            return
+        chunk = link.recv(delivery.pending) or b""
+        buffered: bytes = getattr_safe(delivery, "sb_buffer") or b""
+        if delivery.partial:
+            delivery.sb_buffer = buffered + chunk
+            return
+        payload = buffered + chunk
+        link.advance()
+        kind = getattr_safe(link, "sb_kind")
+        outcome: tuple[int, Condition | None] = (Delivery.ACCEPTED, None)
+        try:
+            if kind == "producer":
+                outcome = self._accept_send(link.sb_entity, payload)
+            elif kind in ("cbs", "mgmt", "admin"):
+                self._on_request(link, payload)
+            else:
+                outcome = (Delivery.REJECTED, Condition("amqp:not-allowed", "link is closed"))
+        except Exception as exc:  # a bad request must not take the emulator down
+            _log.exception("failed to handle a transfer on %s", kind)
+            outcome = (Delivery.REJECTED, Condition("amqp:internal-error", str(exc)))
+        if not delivery.settled:
+            state, condition = outcome
+            if condition is not None:
+                delivery.local.condition = condition
+            delivery.update(state)
+        delivery.settle()
+        if link.credit < CREDIT_WINDOW // 2 and link.state & Endpoint.LOCAL_ACTIVE:
+            link.flow(CREDIT_WINDOW - link.credit)
+
+    def _accept_send(self, entity: SubQueue, payload: bytes) -> tuple[int, Condition | None]:
+        if len(payload) > MAX_MESSAGE_SIZE:
+            return Delivery.REJECTED, Condition(
+                "amqp:link:message-size-exceeded",
+                f"The message size {len(payload)} exceeds the limit of {MAX_MESSAGE_SIZE} bytes.",
+            )
+        try:
+            messages = unpack(payload)
+        except ValueError as exc:
+            return Delivery.REJECTED, Condition("amqp:decode-error", str(exc))
+        now = self.clock()
+        for sections in messages:
+            self._enqueue(entity, sections, now)
+        self._pump_entity(entity)
+        return Delivery.ACCEPTED, None
+
+    def _enqueue(self, entity: SubQueue, sections: list[Section], now: float) -> StoredMessage:
+        info = inspect(sections)
+        return entity.enqueue(
+            sections,
+            now,
+            ttl=info.ttl,
+            scheduled_at=info.scheduled_at,
+            message_id=info.message_id,
+        )
+
+    def _on_disposition(self, delivery: Any) -> None:
+        token: uuid.UUID | None = getattr_safe(delivery, "sb_token")
+        if token is None or getattr_safe(delivery, "sb_done"):
+            if delivery.settled:
+                delivery.settle()
+            return
+        state = delivery.remote_state
+        remote_settled = delivery.settled
+        if state not in (
+            Delivery.ACCEPTED,
+            Delivery.REJECTED,
+            Delivery.RELEASED,
+            Delivery.MODIFIED,
+        ):
+            if remote_settled:
+                state = Delivery.RELEASED  # settled without an outcome: give it back
+            else:
+                return
+        entity: SubQueue = delivery.sb_entity
+        delivery.sb_done = True
+        now = self.clock()
+        remote = delivery.remote
+        try:
+            if state == Delivery.ACCEPTED:
+                entity.complete(token, now)
+            elif state == Delivery.MODIFIED:
+                if remote.undeliverable:
+                    entity.defer(token, now)
+                else:
+                    entity.abandon(token, now, failed=bool(remote.failed))
+            elif state == Delivery.REJECTED:
+                reason, description = _dead_letter_details(remote.condition)
+                entity.dead_letter(token, now, reason, description)
+            else:
+                entity.abandon(token, now, failed=False)
+        except LockLost:
+            if not remote_settled:
+                delivery.local.condition = Condition(LOCK_LOST, LOCK_LOST_TEXT)
+                delivery.update(Delivery.REJECTED)
+            delivery.settle()
+            return
+        if not remote_settled:
+            if state == Delivery.MODIFIED:
+                delivery.local.failed = bool(remote.failed)
+                delivery.local.undeliverable = bool(remote.undeliverable)
+            delivery.update(state)
+        delivery.settle()
+        if state != Delivery.ACCEPTED:
+            self._pump_entity(entity)
+
+    # -- request/response nodes ---------------------------------------------------------------
+
+    def _on_request(self, link: Any, payload: bytes) -> None:
+        request = Message()
+        request.decode(payload)
+        props: dict[str, Any] = dict(request.properties or {})
+        operation = _text(props.get("operation")) or ""
+        kind = link.sb_kind
+        reply: Message
+        if kind == "cbs":
+            reply = Message(
+                properties={"status-code": int32(202), "status-description": "Accepted"}
+            )
+        else:
+            try:
+                if kind == "admin":
+                    body = self._admin(operation, request.body or {})
+                else:
+                    body = self._management(link.sb_entity, operation, request.body or {})
+                status, description = (200, "OK") if body is not None else (204, "No Content")
+                reply = Message(
+                    properties={"statusCode": int32(status), "statusDescription": description},
+                    body=body,
+                )
+            except _MgmtError as err:
+                reply = Message(
+                    properties={
+                        "statusCode": int32(err.status),
+                        "statusDescription": err.description,
+                        "errorCondition": symbol(err.condition),
+                    }
+                )
+        reply.correlation_id = request.id
+        reply_to = request.reply_to or link.remote_target.address
+        self._send_reply(link.connection, reply_to, reply)
+
+    def _send_reply(self, conn: Any, address: str | None, reply: Message) -> None:
+        target = entity_path(address).casefold()
+        link = conn.link_head(Endpoint.LOCAL_ACTIVE | Endpoint.REMOTE_ACTIVE)
+        fallback = None
+        while link is not None:
+            if link.is_sender and getattr_safe(link, "sb_kind") in ("cbs", "mgmt", "admin"):
+                if entity_path(link.remote_source.address).casefold() == target:
+                    break
+                fallback = fallback or link
+            link = link.next(Endpoint.LOCAL_ACTIVE | Endpoint.REMOTE_ACTIVE)
+        link = link or fallback
+        if link is None:
+            _log.warning("no reply link for %s; response dropped", address)
+            return
+        link.sb_pending.append(reply.encode())
+        self._flush_replies(link)
+
+    def _flush_replies(self, link: Any) -> None:
+        pending: deque[bytes] = link.sb_pending
+        while pending and link.credit > 0:
+            delivery = link.delivery(uuid.uuid4().bytes)
+            link.stream(pending.popleft())
+            link.advance()
+            delivery.settle()
+
+    def _management(self, entity: SubQueue, operation: str, body: Any) -> Any:
+        if not isinstance(body, dict):
+            raise _MgmtError(400, "com.microsoft:argument-error", "The request body must be a map.")
+        now = self.clock()
+        op = operation[len(OP_PREFIX) :] if operation.startswith(OP_PREFIX) else operation
+        try:
+            if op == "renew-lock":
+                tokens = [_uuid(t) for t in _elements(body.get("lock-tokens"))]
+                expirations = [entity.renew(token, now) for token in tokens]
+                return {
+                    "expirations": _array(Data.TIMESTAMP, [ms_timestamp(t) for t in expirations])
+                }
+            if op == "peek-message":
+                start = int(body.get("from-sequence-number") or 1)
+                count = int(body.get("message-count") or 1)
+                peeked = entity.peek(start, count, now)
+                if not peeked:
+                    return None
+                return {
+                    "messages": [
+                        {"message": self._render(m, locked=False, peek=True)} for m in peeked
+                    ]
+                }
+            if op == "receive-by-sequence-number":
+                seqs = [int(s) for s in _elements(body.get("sequence-numbers"))]
+                lock = int(body.get("receiver-settle-mode", 1) or 0) == 1
+                found = entity.receive_deferred(seqs, now, lock=lock)
+                items: list[dict[str, Any]] = []
+                for m in found:
+                    item: dict[str, Any] = {"message": self._render(m, locked=lock)}
+                    if lock and m.lock_token is not None:
+                        item["lock-token"] = m.lock_token
+                    items.append(item)
+                return {"messages": items}
+            if op == "update-disposition":
+                status = _text(body.get("disposition-status")) or ""
+                tokens = [_uuid(t) for t in _elements(body.get("lock-tokens"))]
+                for token in tokens:
+                    self._settle_by_status(entity, token, status, body, now)
+                self._pump_entity(entity)
+                return {}
+            if op == "schedule-message":
+                seqs = []
+                for item in _elements(body.get("messages")):
+                    raw = item.get("message") if isinstance(item, dict) else None
+                    if raw is None:
+                        raise _MgmtError(400, "com.microsoft:argument-error", "message missing")
+                    sections = split_sections(bytes(raw))
+                    seqs.append(self._enqueue(entity, sections, now).sequence_number)
+                self._pump_entity(entity)
+                return {"sequence-numbers": _array(Data.LONG, seqs)}
+            if op == "cancel-scheduled-message":
+                entity.cancel_scheduled(int(s) for s in _elements(body.get("sequence-numbers")))
+                return {}
+        except LockLost as exc:
+            raise _MgmtError(410, LOCK_LOST, LOCK_LOST_TEXT) from exc
+        except MessageNotFound as exc:
+            raise _MgmtError(404, "com.microsoft:message-not-found", str(exc)) from exc
+        except (ValueError, TypeError) as exc:
+            raise _MgmtError(400, "com.microsoft:argument-error", str(exc)) from exc
+        raise _MgmtError(
+            501, "amqp:not-implemented", f"The operation {operation!r} is not supported."
+        )
+
+    def _settle_by_status(
+        self, entity: SubQueue, token: uuid.UUID, status: str, body: dict[str, Any], now: float
+    ) -> None:
+        if status == "completed":
+            entity.complete(token, now)
+        elif status == "abandoned":
+            entity.abandon(token, now)
+        elif status == "defered":
+            entity.defer(token, now)
+        elif status == "suspended":
+            entity.dead_letter(
+                token,
+                now,
+                _text(body.get("deadletter-reason")),
+                _text(body.get("deadletter-description")),
+            )
+        else:
+            raise ValueError(f"unknown disposition-status {status!r}")
+
+    def _admin(self, operation: str, body: Any) -> Any:
+        if not isinstance(body, dict):
+            raise _MgmtError(400, "com.microsoft:argument-error", "The request body must be a map.")
+        name = _text(body.get("name")) or ""
+        try:
+            if operation == "leasekit:create-queue":
+                props = body.get("properties") or {}
+                properties = self.broker.config.default_properties.updated(
+                    {str(k): v for k, v in dict(props).items()}
+                )
+                self.broker.create_queue(name, properties)
+                return {"name": name}
+            if operation == "leasekit:delete-queue":
+                self.broker.delete_queue(name)
+                return {"name": name}
+        except EntityNotFound as exc:
+            raise _MgmtError(404, "amqp:not-found", f"queue {name!r} not found") from exc
+        except ValueError as exc:
+            raise _MgmtError(400, "com.microsoft:argument-error", str(exc)) from exc
+        raise _MgmtError(
+            501, "amqp:not-implemented", f"The operation {operation!r} is not supported."
+        )
+
+
+class _Refused(Exception):
+    def __init__(self, condition: str, description: str) -> None:
+        super().__init__(description)
+        self.condition = condition
+        self.description = description
+
+
+def getattr_safe(obj: Any, name: str) -> Any:
+    """Read an attribute stored on a proton object, ``None`` if it was never set."""
+    try:
+        return getattr(obj, name)
+    except AttributeError:
+        return None
+
+
+def _array(element_type: int, values: list[Any]) -> Array:
+    """An AMQP array of ``element_type`` (``Data.TIMESTAMP``, ``Data.LONG``...)."""
+    return Array(cast(Any, UNDESCRIBED), element_type, *values)
+
+
+def _uuid(value: Any) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    if isinstance(value, bytes | bytearray) and len(value) == 16:
+        return uuid.UUID(bytes=bytes(value))
+    return uuid.UUID(str(value))
+
+
+def _has_session_filter(link: Any) -> bool:
+    try:
+        filters = link.remote_source.filter.get_object()
+    except Exception:
+        return False
+    return bool(filters) and any("session-filter" in str(key) for key in dict(filters))
+
+
+def _dead_letter_details(condition: Condition | None) -> tuple[str | None, str | None]:
+    if condition is None:
+        return None, None
+    info = condition.info or {}
+    reason = _text(info.get("DeadLetterReason")) if isinstance(info, dict) else None
+    description = _text(info.get("DeadLetterErrorDescription")) if isinstance(info, dict) else None
+    if description is None:
+        description = _text(condition.description)
+    return reason, description

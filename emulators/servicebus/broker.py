@@ -1,0 +1,599 @@
+"""Queue state and Service Bus semantics, independent of AMQP.
+
+Everything here is plain data driven by explicit ``now`` timestamps (seconds,
+``time.time()`` scale), so the rules are deterministic and testable without a
+network. The AMQP layer calls these methods on the proton container thread only.
+
+Emulated (as documented for Azure Service Bus queues):
+    * sequence numbers (per queue, from 1), enqueued time, scheduled enqueue time;
+    * PeekLock: a lock token per receive, ``locked_until`` = now + LockDuration,
+      renew extends from now by LockDuration and keeps the token;
+    * complete removes; abandon and lock expiry make the message available again
+      (redelivered in sequence order) and count a failed delivery; release (an AMQP
+      ``released`` outcome) makes it available without counting;
+    * after MaxDeliveryCount failed deliveries the message moves to the dead-letter
+      sub-queue with ``DeadLetterReason=MaxDeliveryCountExceeded``;
+    * explicit dead-letter with reason and description; defer (then receivable only by
+      sequence number); ReceiveAndDelete;
+    * time-to-live: min(message TTL, queue DefaultMessageTimeToLive); an expired
+      message is dropped or, with DeadLetteringOnMessageExpiration, dead-lettered
+      with ``TTLExpiredException``; a locked message does not expire until its lock
+      ends; dead-lettered messages never expire;
+    * any use of a lost or expired lock raises :class:`LockLost`.
+
+``delivery_count`` here is the number of failed deliveries so far (abandons and lock
+expiries), which is what Service Bus puts in the AMQP header on the wire; SDKs that
+show a 1-based count add one on receive.
+
+Not emulated: sessions, topics/subscriptions, duplicate detection, auto-forwarding,
+partitioning, size quotas, transactions.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from .config import EmulatorConfig, QueueProperties
+
+__all__ = [
+    "DEAD_LETTER_SUFFIX",
+    "Broker",
+    "EntityNotFound",
+    "LockLost",
+    "MessageNotFound",
+    "MessageState",
+    "Queue",
+    "StoredMessage",
+    "SubQueue",
+]
+
+DEAD_LETTER_SUFFIX = "$deadletterqueue"
+MAX_DELIVERY_REASON = "MaxDeliveryCountExceeded"
+TTL_EXPIRED_REASON = "TTLExpiredException"
+
+
+class EntityNotFound(LookupError):
+    """The queue does not exist (and may not be created on first use)."""
+
+
+class LockLost(Exception):
+    """The lock token is unknown, expired, or its message was settled."""
+
+
+class MessageNotFound(LookupError):
+    """No deferred message has the requested sequence number."""
+
+
+class MessageState(Enum):
+    """Where a stored message is in its life."""
+
+    ACTIVE = 0
+    DEFERRED = 1
+    SCHEDULED = 2
+
+
+@dataclass(eq=False)
+class StoredMessage:
+    """One message held by a sub-queue.
+
+    Parameters:
+        sequence_number: unique within the queue, increasing with enqueue order.
+        payload: the message as the protocol layer stored it (opaque here).
+        enqueued_at: when it was (or, if scheduled, will be) enqueued.
+        expires_at: when its time-to-live ends; ``None`` for never.
+        visible_at: scheduled enqueue time; it cannot be received before.
+        message_id: the application's message id, if any (for logging).
+    """
+
+    sequence_number: int
+    payload: Any
+    enqueued_at: float
+    expires_at: float | None = None
+    visible_at: float = 0.0
+    message_id: str | None = None
+    delivery_count: int = 0
+    state: MessageState = MessageState.ACTIVE
+    lock_token: uuid.UUID | None = None
+    locked_until: float | None = None
+    dead_letter_properties: dict[str, str] = field(default_factory=dict)
+
+
+class SubQueue:
+    """The active messages of a queue, or its dead-letter sub-queue.
+
+    Parameters:
+        queue: the owning queue (its properties and sequence counter).
+        dead_letter: ``True`` for ``<queue>/$deadletterqueue``.
+    """
+
+    def __init__(self, queue: Queue, *, dead_letter: bool) -> None:
+        self.queue = queue
+        self.is_dead_letter = dead_letter
+        self._messages: dict[int, StoredMessage] = {}
+        self._ready: list[int] = []  # heap of sequence numbers that may be available
+        self._locks: dict[uuid.UUID, StoredMessage] = {}
+        self._lock_heap: list[tuple[float, int, uuid.UUID]] = []
+        self._time_heap: list[tuple[float, int]] = []  # (scheduled or expiry time, seq)
+
+    @property
+    def path(self) -> str:
+        """The entity path, e.g. ``orders`` or ``orders/$deadletterqueue``."""
+        return f"{self.queue.name}/{DEAD_LETTER_SUFFIX}" if self.is_dead_letter else self.queue.name
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+    # -- adding ---------------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        payload: Any,
+        now: float,
+        *,
+        ttl: float | None = None,
+        scheduled_at: float | None = None,
+        message_id: str | None = None,
+    ) -> StoredMessage:
+        """Store a new message and return it.
+
+        Parameters:
+            payload: the message, opaque to the broker.
+            now: current time.
+            ttl: the message's own time-to-live in seconds, if it set one.
+            scheduled_at: scheduled enqueue time, if later than now.
+            message_id: the application's message id.
+
+        Returns:
+            The stored message with its sequence number.
+        """
+        visible_at = scheduled_at if scheduled_at is not None and scheduled_at > now else now
+        message = StoredMessage(
+            sequence_number=self.queue.next_sequence_number(),
+            payload=payload,
+            enqueued_at=visible_at,
+            visible_at=visible_at,
+            message_id=message_id,
+        )
+        if not self.is_dead_letter:
+            default_ttl = self.queue.properties.default_ttl
+            effective = [t for t in (ttl, default_ttl) if t is not None and t > 0]
+            if effective:
+                message.expires_at = visible_at + min(effective)
+        if visible_at > now:
+            message.state = MessageState.SCHEDULED
+            heapq.heappush(self._time_heap, (visible_at, message.sequence_number))
+        else:
+            self._make_ready(message)
+        self._messages[message.sequence_number] = message
+        return message
+
+    def _adopt(self, message: StoredMessage) -> None:
+        """Take a message dead-lettered from the active sub-queue (keeps its number)."""
+        message.state = MessageState.ACTIVE
+        message.lock_token = None
+        message.locked_until = None
+        message.expires_at = None
+        self._messages[message.sequence_number] = message
+        self._make_ready(message)
+
+    def _make_ready(self, message: StoredMessage) -> None:
+        heapq.heappush(self._ready, message.sequence_number)
+        if message.expires_at is not None:
+            heapq.heappush(self._time_heap, (message.expires_at, message.sequence_number))
+
+    # -- time -----------------------------------------------------------------------------
+
+    def expire(self, now: float) -> bool:
+        """Apply lock expiry, scheduled enqueue and time-to-live up to ``now``.
+
+        Parameters:
+            now: current time.
+
+        Returns:
+            ``True`` if a message became available here or in the dead-letter queue.
+        """
+        changed = False
+        while self._lock_heap and self._lock_heap[0][0] <= now:
+            _, _, token = heapq.heappop(self._lock_heap)
+            message = self._locks.get(token)
+            if message is None or message.locked_until is None or message.locked_until > now:
+                continue  # settled, or renewed (a newer heap entry exists)
+            self._unlock(message)
+            self._count_failed_delivery(message, now)
+            changed = True
+        while self._time_heap and self._time_heap[0][0] <= now:
+            _, seq = heapq.heappop(self._time_heap)
+            message = self._messages.get(seq)
+            if message is None:
+                continue
+            if message.state is MessageState.SCHEDULED and message.visible_at <= now:
+                message.state = MessageState.ACTIVE
+                self._make_ready(message)
+                changed = True
+            if (
+                message.expires_at is not None
+                and message.expires_at <= now
+                and message.lock_token is None
+            ):
+                self._expire_message(message)
+                changed = True
+        return changed
+
+    def _expire_message(self, message: StoredMessage) -> None:
+        self._messages.pop(message.sequence_number, None)
+        if self.queue.properties.dead_lettering_on_message_expiration:
+            self._dead_letter(
+                message, TTL_EXPIRED_REASON, "The message expired and was dead lettered."
+            )
+
+    def _count_failed_delivery(self, message: StoredMessage, now: float) -> None:
+        message.delivery_count += 1
+        limit = self.queue.properties.max_delivery_count
+        if not self.is_dead_letter and message.delivery_count >= limit:
+            self._messages.pop(message.sequence_number, None)
+            self._dead_letter(
+                message,
+                MAX_DELIVERY_REASON,
+                f"Message could not be consumed after {limit} delivery attempts.",
+            )
+        elif message.expires_at is not None and message.expires_at <= now:
+            self._expire_message(message)
+        else:
+            self._make_ready(message)
+
+    def _dead_letter(self, message: StoredMessage, reason: str, description: str) -> None:
+        message.dead_letter_properties = {
+            "DeadLetterReason": reason,
+            "DeadLetterErrorDescription": description,
+        }
+        self.queue.dead_letter._adopt(message)
+
+    def next_deadline(self) -> float | None:
+        """The earliest time :meth:`expire` has something to do, if any."""
+        times = [heap[0][0] for heap in (self._lock_heap, self._time_heap) if heap]
+        return min(times) if times else None
+
+    # -- receiving ------------------------------------------------------------------------
+
+    def receive(self, now: float, *, lock: bool) -> StoredMessage | None:
+        """Take the available message with the lowest sequence number.
+
+        Parameters:
+            now: current time.
+            lock: PeekLock (``True``) locks it; ReceiveAndDelete removes it.
+
+        Returns:
+            The message, or ``None`` when none is available.
+        """
+        self.expire(now)
+        while self._ready:
+            seq = heapq.heappop(self._ready)
+            message = self._messages.get(seq)
+            if (
+                message is None
+                or message.state is not MessageState.ACTIVE
+                or message.lock_token is not None
+            ):
+                continue
+            if message.expires_at is not None and message.expires_at <= now:
+                self._expire_message(message)
+                continue
+            if lock:
+                self._lock(message, now)
+            else:
+                del self._messages[seq]
+            return message
+        return None
+
+    def has_available(self, now: float) -> bool:
+        """Whether :meth:`receive` would return a message now."""
+        self.expire(now)
+        while self._ready:
+            message = self._messages.get(self._ready[0])
+            if (
+                message is not None
+                and message.state is MessageState.ACTIVE
+                and message.lock_token is None
+            ):
+                return True
+            heapq.heappop(self._ready)
+        return False
+
+    def _lock(self, message: StoredMessage, now: float) -> None:
+        token = uuid.uuid4()
+        message.lock_token = token
+        message.locked_until = now + self.queue.properties.lock_duration
+        self._locks[token] = message
+        heapq.heappush(self._lock_heap, (message.locked_until, next(_tiebreak), token))
+
+    def _unlock(self, message: StoredMessage) -> None:
+        if message.lock_token is not None:
+            self._locks.pop(message.lock_token, None)
+        message.lock_token = None
+        message.locked_until = None
+
+    def locked(self, token: uuid.UUID, now: float) -> StoredMessage:
+        """The message locked by ``token``.
+
+        Parameters:
+            token: the lock token.
+            now: current time.
+
+        Returns:
+            The locked message.
+
+        Raises:
+            LockLost: the token is unknown, expired, or already settled.
+        """
+        self.expire(now)
+        message = self._locks.get(token)
+        if message is None or message.locked_until is None or message.locked_until <= now:
+            raise LockLost(str(token))
+        return message
+
+    # -- settling -------------------------------------------------------------------------
+
+    def complete(self, token: uuid.UUID, now: float) -> StoredMessage:
+        """Remove the locked message for good.
+
+        Raises:
+            LockLost: see :meth:`locked`.
+        """
+        message = self.locked(token, now)
+        self._unlock(message)
+        del self._messages[message.sequence_number]
+        return message
+
+    def abandon(self, token: uuid.UUID, now: float, *, failed: bool = True) -> StoredMessage:
+        """Unlock the message so it is available again.
+
+        Parameters:
+            token: the lock token.
+            now: current time.
+            failed: count a failed delivery (abandon); ``False`` for a release.
+
+        Raises:
+            LockLost: see :meth:`locked`.
+        """
+        message = self.locked(token, now)
+        self._unlock(message)
+        if failed:
+            self._count_failed_delivery(message, now)
+        elif message.expires_at is not None and message.expires_at <= now:
+            self._expire_message(message)
+        else:
+            self._make_ready(message)
+        return message
+
+    def dead_letter(
+        self, token: uuid.UUID, now: float, reason: str | None, description: str | None
+    ) -> StoredMessage:
+        """Move the locked message to the dead-letter sub-queue.
+
+        A message in the dead-letter queue cannot be dead-lettered further: there
+        the lock is released and the message stays.
+
+        Raises:
+            LockLost: see :meth:`locked`.
+        """
+        message = self.locked(token, now)
+        self._unlock(message)
+        if self.is_dead_letter:
+            self._make_ready(message)
+        else:
+            del self._messages[message.sequence_number]
+            props: dict[str, str] = {}
+            if reason is not None:
+                props["DeadLetterReason"] = reason
+            if description is not None:
+                props["DeadLetterErrorDescription"] = description
+            message.dead_letter_properties = props
+            self.queue.dead_letter._adopt(message)
+        return message
+
+    def defer(self, token: uuid.UUID, now: float) -> StoredMessage:
+        """Set the locked message aside; only receive-by-sequence-number gets it.
+
+        Raises:
+            LockLost: see :meth:`locked`.
+        """
+        message = self.locked(token, now)
+        self._unlock(message)
+        message.state = MessageState.DEFERRED
+        return message
+
+    def renew(self, token: uuid.UUID, now: float) -> float:
+        """Extend the lock by the lock duration from now; the token stays.
+
+        Returns:
+            The new ``locked_until``.
+
+        Raises:
+            LockLost: see :meth:`locked`.
+        """
+        message = self.locked(token, now)
+        message.locked_until = now + self.queue.properties.lock_duration
+        heapq.heappush(self._lock_heap, (message.locked_until, next(_tiebreak), token))
+        return message.locked_until
+
+    # -- browsing and by-number operations ------------------------------------------------
+
+    def peek(self, from_sequence_number: int, count: int, now: float) -> list[StoredMessage]:
+        """Browse messages without locking them (active, locked, deferred, scheduled).
+
+        Parameters:
+            from_sequence_number: the lowest sequence number to include.
+            count: the most messages to return.
+            now: current time.
+
+        Returns:
+            Messages in sequence order.
+        """
+        self.expire(now)
+        seqs = sorted(s for s in self._messages if s >= from_sequence_number)
+        return [self._messages[s] for s in seqs[: max(count, 0)]]
+
+    def receive_deferred(
+        self, sequence_numbers: Iterable[int], now: float, *, lock: bool
+    ) -> list[StoredMessage]:
+        """Receive deferred messages by sequence number.
+
+        Raises:
+            MessageNotFound: a number does not name a deferred message here.
+        """
+        self.expire(now)
+        found: list[StoredMessage] = []
+        for seq in sequence_numbers:
+            message = self._messages.get(seq)
+            if message is None or message.state is not MessageState.DEFERRED:
+                raise MessageNotFound(f"deferred message {seq} not found in {self.path}")
+            if message.lock_token is not None and message.locked_until is not None:
+                raise MessageNotFound(f"deferred message {seq} is locked")
+            found.append(message)
+        for message in found:
+            if lock:
+                self._lock(message, now)
+            else:
+                del self._messages[message.sequence_number]
+        return found
+
+    def cancel_scheduled(self, sequence_numbers: Iterable[int]) -> None:
+        """Drop scheduled messages that are not enqueued yet (unknown numbers are ignored)."""
+        for seq in sequence_numbers:
+            message = self._messages.get(seq)
+            if message is not None and message.state is MessageState.SCHEDULED:
+                del self._messages[seq]
+
+
+_tiebreak = itertools.count()
+
+
+class Queue:
+    """A queue: its properties, active messages and dead-letter sub-queue.
+
+    Parameters:
+        name: the queue name as declared.
+        properties: its properties.
+    """
+
+    def __init__(self, name: str, properties: QueueProperties) -> None:
+        self.name = name
+        self.properties = properties
+        self._sequence = itertools.count(1)
+        self.active = SubQueue(self, dead_letter=False)
+        self.dead_letter = SubQueue(self, dead_letter=True)
+
+    def next_sequence_number(self) -> int:
+        """Allocate the next sequence number."""
+        return next(self._sequence)
+
+    def expire(self, now: float) -> bool:
+        """Apply timers on both sub-queues; ``True`` if something became available."""
+        changed = self.active.expire(now)
+        return self.dead_letter.expire(now) or changed
+
+    def next_deadline(self) -> float | None:
+        """The earliest pending timer of either sub-queue."""
+        times = [t for t in (self.active.next_deadline(), self.dead_letter.next_deadline()) if t]
+        return min(times) if times else None
+
+
+class Broker:
+    """All queues of the emulated namespace.
+
+    Parameters:
+        config: declared queues and the auto-create policy.
+    """
+
+    def __init__(self, config: EmulatorConfig | None = None) -> None:
+        self.config = config or EmulatorConfig()
+        self._queues: dict[str, Queue] = {}
+        for name, properties in self.config.queues.items():
+            self.create_queue(name, properties)
+
+    @property
+    def queues(self) -> list[Queue]:
+        """The queues that exist now."""
+        return list(self._queues.values())
+
+    def create_queue(self, name: str, properties: QueueProperties | None = None) -> Queue:
+        """Create (or replace the properties of) a queue.
+
+        Parameters:
+            name: the queue name (case-insensitive, as in Service Bus).
+            properties: its properties; the configured defaults if ``None``.
+
+        Returns:
+            The queue.
+
+        Raises:
+            ValueError: the name is empty or contains ``$`` or ``/`` segments the
+                emulator reserves.
+        """
+        if not name or "$" in name or name.startswith("/") or name.endswith("/"):
+            raise ValueError(f"invalid queue name: {name!r}")
+        key = name.casefold()
+        queue = self._queues.get(key)
+        props = properties or self.config.default_properties
+        if queue is None:
+            queue = Queue(name, props)
+            self._queues[key] = queue
+        else:
+            queue.properties = props
+        return queue
+
+    def delete_queue(self, name: str) -> None:
+        """Delete a queue and its messages.
+
+        Raises:
+            EntityNotFound: no such queue.
+        """
+        if self._queues.pop(name.casefold(), None) is None:
+            raise EntityNotFound(name)
+
+    def queue(self, name: str, *, create: bool = True) -> Queue:
+        """Find a queue by name, creating it on first use if the policy allows.
+
+        Parameters:
+            name: the queue name.
+            create: allow creation on first use.
+
+        Returns:
+            The queue.
+
+        Raises:
+            EntityNotFound: it does not exist and may not be created.
+        """
+        queue = self._queues.get(name.casefold())
+        if queue is not None:
+            return queue
+        if create and self.config.may_auto_create(name) and "$" not in name and name:
+            return self.create_queue(name)
+        raise EntityNotFound(name)
+
+    def entity(self, path: str, *, create: bool = True) -> SubQueue:
+        """Resolve ``<queue>`` or ``<queue>/$deadletterqueue`` to a sub-queue.
+
+        Raises:
+            EntityNotFound: no such entity.
+        """
+        parts = path.strip("/").split("/")
+        if len(parts) == 2 and parts[1].casefold() == DEAD_LETTER_SUFFIX:
+            return self.queue(parts[0], create=create).dead_letter
+        if len(parts) == 1:
+            return self.queue(parts[0], create=create).active
+        raise EntityNotFound(path)
+
+    def expire(self, now: float) -> list[Queue]:
+        """Apply timers on every queue.
+
+        Returns:
+            The queues where messages became available.
+        """
+        return [queue for queue in self._queues.values() if queue.expire(now)]
