@@ -1,0 +1,803 @@
+"""The Alibaba Cloud MNS (Simple Message Queue) backend, on ``aliyun-mns-sdk`` (API 2015-06-06).
+
+URLs:
+    ``aliyun-mns://HOST[:PORT]/QUEUE`` — queue ``QUEUE`` at the MNS endpoint
+    ``HOST`` (``aliyun-mns://1234567890.mns.cn-hangzhou.aliyuncs.com/jobs``).
+    An endpoint on a loopback host speaks ``http``, any other ``https``;
+    ``?scheme=http|https`` overrides (``aliyun-mns://127.0.0.1:8080/jobs?scheme=http``).
+    The other URL option is ``timeout`` (the socket timeout in seconds, default
+    60; it must outlast a 30 s long poll). Keyword form::
+
+        leasekit.open("aliyun-mns", queue="jobs",
+                      endpoint="https://1234567890.mns.cn-hangzhou.aliyuncs.com",
+                      access_key_id=AK, access_key_secret=SK)
+
+    Credentials are **never** part of a URL (a URL with a user, password or a
+    key in its query is refused). Give ``access_key_id`` and
+    ``access_key_secret`` (plus ``security_token`` for STS) as keyword
+    options, or ``credentials_provider`` (any object with the SDK's
+    ``get_credentials()``, e.g. from ``alibabacloud_credentials``), or set
+    ``ALIBABA_CLOUD_ACCESS_KEY_ID``, ``ALIBABA_CLOUD_ACCESS_KEY_SECRET`` and
+    optionally ``ALIBABA_CLOUD_SECURITY_TOKEN``. Secrets never appear in a
+    repr, a log line or an error message from this module.
+
+Delivery semantics:
+    At least once. MNS sets the visibility timeout **per queue**: a receive
+    hides each message for the queue's ``VisibilityTimeout``. A lease of any
+    other duration costs one ``ChangeMessageVisibility`` right after the
+    receive (core does it: ``lease_on_receive=False``,
+    ``lease_set_after_receive=True``), so set the queue's visibility timeout to
+    the lease you use most (``create=True`` makes queues with MNS's default,
+    30 s, which is also leasekit's default lease). The receipt is MNS's receipt
+    handle. Renew is ``ChangeMessageVisibility``, which **rotates the handle**
+    (the old one then gets ``MessageNotExist``); core tracks the newest.
+    Abandon is ``ChangeMessageVisibility`` with the delay, at least 1 s: MNS
+    refuses 0, so an abandoned message is visible again after one second, not
+    at once. Complete is ``DeleteMessage`` (``BatchDeleteMessage`` when core
+    settles several at once, with per-handle results). A handle is valid only
+    until the message's ``NextVisibleTime``: an expired handle fails
+    (``LeaseLost``) even if nobody received the message again. The delivery
+    count is MNS's ``DequeueCount``. Order is MNS's (priority, then roughly
+    FIFO); receives long-poll (``waitseconds``, whole seconds: a fractional
+    wait is rounded *up*, so a receive may block up to 1 s longer than asked).
+
+    Dead-lettering is not native in this API: core copies the message to
+    ``<queue>-poison`` with the properties ``leasekit-dead-letter-reason``,
+    ``leasekit-original-id`` and ``leasekit-delivery-count``, then deletes the
+    original. ``Queue.peek_dead_letters`` peeks the poison queue
+    (``BatchPeekMessage``: at most 16 messages, and only visible ones).
+
+    **Bodies.** leasekit sends the standard base64 of the body — what the
+    SDK's default (``set_encoding(True)``) producers send and consumers
+    expect, so they interoperate both ways. An empty body, which MNS and the
+    SDK refuse, is sent as the text ``=`` (which the SDK's base64 decoder also
+    reads as empty). On receive, ``=`` gives ``b""``; strict base64 gives the
+    decoded bytes; any other text (a producer with encoding off) gives its
+    UTF-8 bytes unchanged. The one ambiguity is plain text that happens to be
+    valid base64 (``"test"``): it is read as base64. The text as received is at
+    ``lease.raw.message_body``.
+
+    **Properties** are MNS user properties (``UserProperties``), so other MNS
+    consumers see them. Plain text values go as ``STRING``; a value with
+    control characters (which XML cannot carry, or would normalise, such as a
+    carriage return) goes as ``BINARY`` holding its UTF-8 bytes, so it round-trips
+    exactly. On receive, ``STRING``/``NUMBER``/``BOOLEAN`` values are read as
+    text and ``BINARY`` values as UTF-8 (non-UTF-8 bytes from another producer
+    are given as their base64 text).
+
+Limits:
+    Leases 1 s – 12 h (43,200 s), whole seconds. 16 messages per receive,
+    delete and send call; no batch visibility change. Bodies up to 49,152 bytes
+    (48 KiB): MNS takes 64 KiB of body text and base64 makes 4 characters of 3
+    bytes. Property values must not be empty (the SDK drops an empty value on
+    receive, so it is refused before sending) and names must be plain text.
+    Send delay up to 7 days (whole seconds, rounded up); ``delay=0`` leaves the
+    queue's own ``DelaySeconds`` (0 unless an operator set one). No
+    per-message time-to-live: retention is the queue's
+    ``MessageRetentionPeriod`` (60 s – 7 days), so ``ttl=`` is unsupported.
+    Long poll up to 30 s. No queue statistics (the SDK marks MNS's message
+    counts deprecated and warns on every read).
+
+    The SDK is synchronous and one client holds one keep-alive HTTP
+    connection that is not safe to share between threads, so the driver
+    keeps a small pool of clients: each call borrows one (creating it if all
+    are busy) and returns it, so N threads use at most N connections, reused
+    across calls. ``Driver.sibling`` (the poison queue) shares the pool.
+
+Raw types:
+    ``lease.raw`` is the SDK's ``mns.queue.Message`` from the receive (its
+    ``message_body`` is the text as received; ``get_user_properties()`` the
+    SDK's property objects). Errors are the SDK's
+    ``mns.mns_exception.MNSServerException`` (``.type`` is MNS's error code,
+    ``.request_id``), ``MNSClientNetworkException`` (connection failures and
+    unreadable responses) and ``MNSClientParameterException``; the leasekit
+    error's ``__cause__``.
+
+Errors:
+    Classified by MNS's error code: ``MessageNotExist`` and ``ReceiptHandleError``
+    on a settle or renew → ``LeaseLost`` (on a receive or peek,
+    ``MessageNotExist`` just means "no message" and gives an empty result);
+    ``QueueNotExist`` → ``QueueNotFound``; ``SignatureDoesNotMatch``,
+    ``AccessDenied``, ``InvalidAccessKeyId`` (and the other authorisation
+    codes, ``TimeExpired`` for a skewed clock) → ``AuthenticationFailed``;
+    network errors, unreadable responses, ``InternalError`` and throttling →
+    ``BackendUnavailable``; ``InvalidArgument`` (an oversize body too),
+    ``MalformedXML`` and the SDK's own parameter checks → ``InvalidArgument``.
+    The SDK does not retry (it only re-sends once on a dropped keep-alive
+    connection), so core retries ``BackendUnavailable``. A retried call whose
+    first attempt did reach MNS can then report ``LeaseLost`` (the delete
+    happened, or the visibility change rotated the handle): the message is
+    then deleted, or comes back when its visibility ends — never lost.
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import math
+import os
+import re
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+from leasekit.capabilities import Capabilities
+from leasekit.clock import to_datetime
+from leasekit.errors import BackendNotInstalled, InvalidURL
+from leasekit.hookspecs import hookimpl
+from leasekit.options import as_float
+from leasekit.registry import BackendSpec
+from leasekit.spi import (
+    DeadLetter,
+    Driver,
+    DriverError,
+    ErrorCode,
+    OutgoingMessage,
+    ParsedURL,
+    RawMessage,
+    Visibility,
+)
+
+__all__ = ["AliyunMnsDriver", "classify", "decode_body", "encode_body"]
+
+#: Most messages one receive, peek, send or delete batch takes (MNS's limit).
+MAX_BATCH = 16
+#: Longest long poll (``waitseconds``) MNS accepts.
+MAX_WAIT = 30
+#: ChangeMessageVisibility and the queue's VisibilityTimeout: 1 s – 12 h (0 is refused).
+MIN_VISIBILITY = 1
+MAX_VISIBILITY = 43200
+#: Longest per-message delay (``DelaySeconds``): 7 days.
+MAX_DELAY = 604800
+#: MNS's limit on a message's body text (64 KiB), which leasekit fills with base64.
+MAX_TEXT = 64 * 1024
+#: Largest body that fits as base64 in ``MAX_TEXT``: 49,152 bytes → 65,536 characters.
+MAX_BODY = MAX_TEXT // 4 * 3
+#: The body text for an empty body (MNS refuses an empty text; base64 decoders read it as b"").
+EMPTY_BODY = "="
+#: The SDK's own socket timeout (seconds); it must outlast a 30 s long poll.
+DEFAULT_TIMEOUT = 60.0
+#: Alibaba Cloud's standard credential variables.
+ENV_ACCESS_KEY_ID = "ALIBABA_CLOUD_ACCESS_KEY_ID"
+ENV_ACCESS_KEY_SECRET = "ALIBABA_CLOUD_ACCESS_KEY_SECRET"
+ENV_SECURITY_TOKEN = "ALIBABA_CLOUD_SECURITY_TOKEN"
+#: The properties core adds to a dead-letter copy (see ``Queue._dead_letter``).
+REASON_PROPERTY = "leasekit-dead-letter-reason"
+ORIGINAL_ID_PROPERTY = "leasekit-original-id"
+DELIVERY_COUNT_PROPERTY = "leasekit-delivery-count"
+#: MNS queue names: 1-120 letters, digits and hyphens, starting with a letter or digit.
+_QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,119}$")
+#: Characters an XML text node cannot carry as they are (or that XML parsers
+#: normalise, like ``\r``): property values with any of them go as BINARY.
+_NOT_PLAIN_TEXT = re.compile("[\x00-\x1f\x7f\ud800-\udfff\ufffe\uffff]")
+_LOOPBACK = {"localhost", "127.0.0.1", "::1"}
+#: URL query options that would be credentials: refused in a URL.
+_SECRET_OPTIONS = frozenset(
+    {
+        "access_key_id",
+        "access_key_secret",
+        "access_key",
+        "secret",
+        "security_token",
+        "token",
+        "credentials_provider",
+        "password",
+    }
+)
+
+# MNS error codes (``MNSServerException.type``) by meaning.
+_LEASE_LOST = frozenset({"MessageNotExist", "ReceiptHandleError"})
+_QUEUE_NOT_FOUND = frozenset({"QueueNotExist"})
+_QUEUE_EXISTS = frozenset({"QueueAlreadyExist"})
+_UNAUTHENTICATED = frozenset(
+    {
+        "AccessDenied",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "MissingAuthorizationHeader",
+        "InvalidAuthorizationHeader",
+        "TimeExpired",
+        "SecurityTokenExpired",
+        "InvalidSecurityToken",
+    }
+)
+_UNAVAILABLE = frozenset(
+    {"InternalError", "ServiceUnavailable", "ServerBusy", "QpsLimitExceeded", "Throttling"}
+)
+_INVALID = frozenset(
+    {
+        "InvalidArgument",
+        "MalformedXML",
+        "InvalidQueueName",
+        "QueueNameLengthError",
+        "InvalidDigest",
+        "MissingReceiptHandle",
+        "MissingVisibilityTimeout",
+        "InvalidRequestURL",
+    }
+)
+
+
+@hookimpl
+def leasekit_add_backends() -> list[BackendSpec]:
+    """Register ``aliyun-mns``."""
+    return [
+        BackendSpec(
+            name="aliyun-mns",
+            driver="leasekit.backends.aliyun_mns:AliyunMnsDriver",
+            extra="aliyun-mns",
+            description="Alibaba Cloud MNS queues (rotating receipt handles, <queue>-poison)",
+        )
+    ]
+
+
+# ------------------------------------------------------------------ encoding
+
+
+def encode_body(body: bytes) -> str:
+    """The MNS body text leasekit sends for ``body``: standard base64, ``=`` for empty."""
+    if not body:
+        return EMPTY_BODY
+    return base64.b64encode(body).decode("ascii")
+
+
+def decode_body(text: str | bytes | None) -> bytes:
+    """The body bytes of an MNS body text (see "Bodies" in the module doc)."""
+    if isinstance(text, bytes):  # the SDK's own base64 path already decoded it
+        return text
+    if not text or text == EMPTY_BODY:
+        return b""
+    try:
+        return base64.b64decode(text, validate=True)
+    except ValueError:  # binascii.Error (not base64), or non-ASCII text
+        return text.encode("utf-8", "surrogatepass")
+
+
+def _property_value(name: str, value: str) -> Any:
+    from mns.message_property import MessagePropertyValue, PropertyType
+
+    if not name or _NOT_PLAIN_TEXT.search(name):
+        raise DriverError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"MNS property names must be plain text, got {name!r}",
+            backend_code="InvalidPropertyName",
+        )
+    if not value:
+        raise DriverError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"MNS cannot carry an empty property value (property {name!r}): "
+            "the SDK drops it on receive",
+            backend_code="EmptyPropertyValue",
+        )
+    if _NOT_PLAIN_TEXT.search(value):
+        return MessagePropertyValue(PropertyType.BINARY, value.encode("utf-8", "surrogatepass"))
+    return MessagePropertyValue(PropertyType.STRING, value)
+
+
+def _read_properties(sdk_properties: Mapping[str, Any] | None) -> dict[str, str]:
+    properties: dict[str, str] = {}
+    for name, prop in (sdk_properties or {}).items():
+        if prop.get_data_type() == "BINARY":
+            raw: bytes = prop.get_binary_value()
+            try:
+                properties[name] = raw.decode("utf-8", "surrogatepass")
+            except UnicodeDecodeError:
+                properties[name] = base64.b64encode(raw).decode("ascii")
+        else:
+            properties[name] = str(prop.get_string_value_by_type())
+    return properties
+
+
+# ------------------------------------------------------------------- helpers
+
+
+def _whole_seconds(seconds: float) -> int:
+    # Core rounded lease durations up to whole seconds already; delays may be
+    # fractional: round up, never shorten what was asked.
+    return math.ceil(seconds - 1e-9)
+
+
+def _visibility(seconds: float) -> int:
+    return min(MAX_VISIBILITY, max(MIN_VISIBILITY, _whole_seconds(seconds)))
+
+
+def _ms(value: Any) -> datetime:
+    return to_datetime(int(value) / 1000)
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() in _LOOPBACK:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_queue_name(queue: object) -> str:
+    if not isinstance(queue, str) or not _QUEUE_NAME.match(queue):
+        raise ValueError(
+            f"aliyun-mns: {queue!r} is not an MNS queue name: use 1-120 letters, digits "
+            "and hyphens, starting with a letter or digit"
+        )
+    return queue
+
+
+def _check_endpoint(endpoint: object) -> str:
+    if not isinstance(endpoint, str):
+        raise ValueError(
+            "aliyun-mns: endpoint is required, e.g. https://ACCOUNT.mns.REGION.aliyuncs.com"
+        )
+    parts = urlsplit(endpoint)
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or parts.username is not None
+        or parts.password is not None
+        or parts.path not in ("", "/")
+        or parts.query
+        or parts.fragment
+    ):
+        # Not repeated: a mistyped endpoint may hold a credential.
+        raise ValueError(
+            "aliyun-mns: endpoint must be http(s)://HOST[:PORT] with no path, query or "
+            "credentials, e.g. https://ACCOUNT.mns.REGION.aliyuncs.com"
+        )
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+class _ClientPool:
+    """SDK clients to borrow one call at a time (an ``MNSClient`` is one HTTP connection).
+
+    A client is not thread-safe, so each call takes one from the idle list (or
+    makes a new one when all are busy) and gives it back afterwards; the pool
+    grows to the peak number of concurrent calls and reuses warm connections.
+    """
+
+    def __init__(self, endpoint: str, credentials_provider: Any, timeout: float) -> None:
+        self.endpoint = endpoint
+        self._provider = credentials_provider
+        self._timeout = timeout
+        self._idle: list[Any] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _new(self) -> Any:
+        from mns.mns_client import MNSClient
+
+        client = MNSClient(self.endpoint, credentials_provider=self._provider)
+        if client.http.is_https:
+            # The SDK gives its HTTPS connection no timeout (a dead peer blocks forever).
+            client.http.conn.timeout = self._timeout
+        else:
+            client.set_connection_timeout(self._timeout)
+        return client
+
+    @contextmanager
+    def queue(self, name: str) -> Iterator[Any]:
+        """An SDK ``Queue`` for ``name`` on a borrowed client, body encoding off."""
+        from mns.queue import Queue as SdkQueue
+
+        with self._lock:
+            client = self._idle.pop() if self._idle else None
+        if client is None:
+            client = self._new()
+        try:
+            sdk_queue = SdkQueue(name, client)
+            sdk_queue.set_encoding(False)  # leasekit base64-encodes bytes itself
+            yield sdk_queue
+        finally:
+            with self._lock:
+                keep = not self._closed
+                if keep:
+                    self._idle.append(client)
+            if not keep:
+                client.close_connection()
+
+    def close(self) -> None:
+        """Close every idle connection; busy ones close when their call returns."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for client in idle:
+            client.close_connection()
+
+
+# -------------------------------------------------------------------- driver
+
+
+class AliyunMnsDriver(Driver):
+    """Driver for one Alibaba Cloud MNS queue.
+
+    Parameters
+    ----------
+        queue: the queue name (1-120 letters, digits and hyphens).
+        endpoint: ``https://ACCOUNT.mns.REGION.aliyuncs.com`` (or ``http://HOST:PORT``).
+        access_key_id: the AccessKey ID (default: ``ALIBABA_CLOUD_ACCESS_KEY_ID``).
+        access_key_secret: its secret (default: ``ALIBABA_CLOUD_ACCESS_KEY_SECRET``).
+        security_token: an STS token (default: ``ALIBABA_CLOUD_SECURITY_TOKEN``, if set).
+        credentials_provider: instead of keys, an object whose ``get_credentials()``
+            returns the SDK's credentials (refreshed on every request).
+        timeout: socket timeout in seconds (default 60; must be over 30, the longest poll).
+    """
+
+    scheme = "aliyun-mns"
+
+    def __init__(
+        self,
+        queue: str,
+        endpoint: str | None = None,
+        access_key_id: str | None = None,
+        access_key_secret: str | None = None,
+        security_token: str | None = None,
+        credentials_provider: Any = None,
+        timeout: float | str = DEFAULT_TIMEOUT,
+    ) -> None:
+        self.queue = _check_queue_name(queue)
+        self._endpoint = _check_endpoint(endpoint)
+        seconds = as_float(timeout, "timeout", minimum=0)
+        if seconds <= MAX_WAIT:
+            raise ValueError(
+                f"aliyun-mns: timeout must be over {MAX_WAIT} s (the longest long poll), "
+                f"got {seconds:g}"
+            )
+        try:
+            from mns.auth import StaticCredentialsProvider
+        except ImportError as exc:
+            raise BackendNotInstalled(
+                f"backend 'aliyun-mns' needs aliyun-mns-sdk ({exc}); install it with: "
+                "pip install 'leasekit[aliyun-mns]'"
+            ) from exc
+        if credentials_provider is not None:
+            if access_key_id or access_key_secret or security_token:
+                raise ValueError(
+                    "aliyun-mns: give either credentials_provider or access keys, not both"
+                )
+            if not callable(getattr(credentials_provider, "get_credentials", None)):
+                raise ValueError("aliyun-mns: credentials_provider needs a get_credentials()")
+            provider = credentials_provider
+        else:
+            key_id = access_key_id or os.environ.get(ENV_ACCESS_KEY_ID)
+            secret = access_key_secret or os.environ.get(ENV_ACCESS_KEY_SECRET)
+            token = security_token or os.environ.get(ENV_SECURITY_TOKEN) or ""
+            if not key_id or not secret:
+                raise ValueError(
+                    "aliyun-mns: no credentials: pass access_key_id= and access_key_secret= "
+                    f"(or credentials_provider=), or set {ENV_ACCESS_KEY_ID} and "
+                    f"{ENV_ACCESS_KEY_SECRET}"
+                )
+            if not all(isinstance(v, str) for v in (key_id, secret, token)):
+                raise ValueError("aliyun-mns: access keys and the security token must be str")
+            # The SDK sends the security-token header whenever the token is not "".
+            provider = StaticCredentialsProvider(key_id, secret, token)
+        self._clients = _ClientPool(self._endpoint, provider, seconds)
+        self._owns_clients = True
+        self._closed = False
+        self.capabilities = Capabilities(
+            min_lease=float(MIN_VISIBILITY),
+            max_lease=float(MAX_VISIBILITY),
+            lease_resolution=1.0,
+            lease_on_receive=False,
+            lease_set_after_receive=True,
+            fixed_lease=None,
+            max_total_lease=None,
+            renew_rotates_receipt=True,
+            detects_stale_receipts=True,
+            expired_receipt_usable=False,
+            max_receive_batch=MAX_BATCH,
+            max_delete_batch=MAX_BATCH,
+            max_renew_batch=1,
+            max_send_batch=MAX_BATCH,
+            max_message_size=MAX_BODY,
+            max_wait=float(MAX_WAIT),
+            max_abandon_delay=float(MAX_VISIBILITY),
+            max_send_delay=float(MAX_DELAY),
+            max_ttl=None,
+            supports_properties=True,
+            native_dead_letter=False,
+            delivery_count=True,
+            queue_stats=False,
+            inspect_dead_letters=True,
+        )
+
+    @classmethod
+    def options_from_url(cls, url: ParsedURL) -> dict[str, Any]:
+        """Endpoint and queue from ``aliyun-mns://HOST[:PORT]/QUEUE[?scheme=http]``."""
+        if url.username is not None or url.password is not None:
+            raise InvalidURL(
+                "aliyun-mns URLs carry no credentials; pass access_key_id= and "
+                f"access_key_secret= as keyword options or set {ENV_ACCESS_KEY_ID} and "
+                f"{ENV_ACCESS_KEY_SECRET}"
+            )
+        query = dict(url.query)
+        secret = sorted(k for k in query if k.lower() in _SECRET_OPTIONS)
+        if secret:
+            raise InvalidURL(
+                f"aliyun-mns URLs carry no credentials (got {', '.join(secret)}); pass them "
+                "as keyword options or through the environment"
+            )
+        if "endpoint" in query:
+            raise InvalidURL("aliyun-mns: the endpoint is the URL's host, not an option")
+        scheme = query.pop("scheme", None)
+        if scheme is not None and scheme not in ("http", "https"):
+            raise InvalidURL(f"aliyun-mns: scheme must be http or https, got {scheme!r}")
+        if not url.host:
+            raise InvalidURL(
+                "aliyun-mns URLs name the endpoint host: aliyun-mns://HOST[:PORT]/QUEUE"
+            )
+        segments = [s for s in url.path.split("/") if s]
+        if len(segments) > 1 or (not segments and "queue" not in query):
+            raise InvalidURL("aliyun-mns: the path is the queue: aliyun-mns://HOST[:PORT]/QUEUE")
+        host = url.host
+        netloc = f"[{host}]" if ":" in host else host
+        if url.port is not None:
+            netloc += f":{url.port}"
+        endpoint = f"{scheme or ('http' if _is_loopback(host) else 'https')}://{netloc}"
+        options: dict[str, Any] = {**query, "endpoint": endpoint}
+        if segments:
+            options["queue"] = segments[0]
+        return options
+
+    def __repr__(self) -> str:
+        return f"<AliyunMnsDriver {self._endpoint} queue={self.queue!r}>"
+
+    # --------------------------------------------------------------- messages
+
+    def _sdk_message(self, message: OutgoingMessage) -> Any:
+        from mns.queue import Message
+
+        sdk_message = Message(encode_body(message.body))
+        if message.delay > 0:
+            sdk_message.set_delayseconds(min(MAX_DELAY, _whole_seconds(message.delay)))
+        for name, value in message.properties.items():
+            sdk_message.add_user_property(name, _property_value(name, value))
+        return sdk_message
+
+    def send(self, message: OutgoingMessage) -> str:
+        """``SendMessage`` with the base64 body and the properties as user properties."""
+        sdk_message = self._sdk_message(message)
+        with self._clients.queue(self.queue) as sdk_queue:
+            sent = sdk_queue.send_message(sdk_message)
+        return str(sent.message_id)
+
+    def send_batch(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
+        """``BatchSendMessage`` (≤ 16); per-message results where MNS accepted part of it."""
+        from mns.mns_exception import MNSServerException
+
+        results: list[str | BaseException | None] = [None] * len(messages)
+        batch: list[tuple[int, Any]] = []
+        for i, message in enumerate(messages):
+            try:
+                batch.append((i, self._sdk_message(message)))
+            except DriverError as exc:
+                results[i] = exc
+        if batch:
+            with self._clients.queue(self.queue) as sdk_queue:
+                try:
+                    sent = sdk_queue.batch_send_message([m for _, m in batch])
+                    outcome: list[str | BaseException] = [str(m.message_id) for m in sent]
+                except MNSServerException as exc:
+                    entries = exc.sub_errors
+                    if not isinstance(entries, list) or len(entries) != len(batch):
+                        raise
+                    outcome = [
+                        str(entry["MessageId"])
+                        if "MessageId" in entry
+                        else MNSServerException(
+                            entry.get("ErrorCode", "Unknown"),
+                            entry.get("ErrorMessage", ""),
+                            exc.request_id,
+                            exc.host_id,
+                        )
+                        for entry in entries
+                    ]
+            for (i, _), result in zip(batch, outcome, strict=True):
+                results[i] = result
+        return [r if r is not None else DriverError(ErrorCode.UNKNOWN, "not sent") for r in results]
+
+    def receive(self, max_messages: int, visibility: float, wait: float) -> list[RawMessage]:
+        """``BatchReceiveMessage``: up to 16, hidden for the queue's visibility timeout.
+
+        ``visibility`` is not sent (MNS has none per receive; core changes it
+        afterwards). ``wait`` is rounded up to whole seconds, at most 30.
+        """
+        from mns.mns_exception import MNSServerException
+
+        wait_seconds = min(MAX_WAIT, _whole_seconds(wait)) if wait > 0 else 0
+        with self._clients.queue(self.queue) as sdk_queue:
+            try:
+                messages = sdk_queue.batch_receive_message(max_messages, wait_seconds)
+            except MNSServerException as exc:
+                if exc.type == "MessageNotExist":  # nothing to receive
+                    return []
+                raise
+        return [self._raw(m) for m in messages]
+
+    def _raw(self, message: Any) -> RawMessage:
+        return RawMessage(
+            id=str(message.message_id),
+            body=decode_body(message.message_body),
+            receipt=str(message.receipt_handle),
+            delivery_count=int(message.dequeue_count),
+            enqueued_at=_ms(message.enqueue_time),
+            visible_until=_ms(message.next_visible_time),
+            properties=_read_properties(message.get_user_properties()),
+            raw=message,
+        )
+
+    def change_visibility(self, receipt: str, seconds: float) -> Visibility:
+        """``ChangeMessageVisibility`` (at least 1 s); returns the new handle MNS issues."""
+        with self._clients.queue(self.queue) as sdk_queue:
+            changed = sdk_queue.change_message_visibility(receipt, _visibility(seconds))
+        return Visibility(
+            receipt=str(changed.receipt_handle), visible_until=_ms(changed.next_visible_time)
+        )
+
+    def abandon(self, receipt: str, delay: float) -> None:
+        """Visible again after ``delay``, at least 1 s (MNS refuses a visibility of 0)."""
+        self.change_visibility(receipt, delay)
+
+    def delete(self, receipt: str) -> None:
+        """``DeleteMessage`` with the receipt handle."""
+        with self._clients.queue(self.queue) as sdk_queue:
+            sdk_queue.delete_message(receipt)
+
+    def delete_batch(self, receipts: Sequence[str]) -> list[BaseException | None]:
+        """``BatchDeleteMessage`` (≤ 16); MNS reports the handles that failed, one error each."""
+        from mns.mns_exception import MNSServerException
+
+        with self._clients.queue(self.queue) as sdk_queue:
+            try:
+                sdk_queue.batch_delete_message(list(receipts))
+            except MNSServerException as exc:
+                entries = exc.sub_errors
+                if not isinstance(entries, list):  # the whole call failed (QueueNotExist, ...)
+                    raise
+                failed = {
+                    str(entry.get("ReceiptHandle")): MNSServerException(
+                        entry.get("ErrorCode", "Unknown"),
+                        entry.get("ErrorMessage", ""),
+                        exc.request_id,
+                        exc.host_id,
+                    )
+                    for entry in entries
+                }
+                return [failed.get(receipt) for receipt in receipts]
+        return [None] * len(receipts)
+
+    def dead_letters(self, limit: int) -> list[DeadLetter]:
+        """``BatchPeekMessage`` of up to ``min(limit, 16)`` visible messages, read as dead letters.
+
+        Core calls this on the ``<queue>-poison`` sibling. A message another
+        producer put there has no reason and no delivery count.
+        """
+        from mns.mns_exception import MNSServerException
+
+        with self._clients.queue(self.queue) as sdk_queue:
+            try:
+                peeked = sdk_queue.batch_peek_message(min(limit, MAX_BATCH))
+            except MNSServerException as exc:
+                if exc.type == "MessageNotExist":
+                    return []
+                raise
+        letters = []
+        for message in peeked:
+            properties = _read_properties(message.get_user_properties())
+            reason = properties.pop(REASON_PROPERTY, None)
+            original_id = properties.pop(ORIGINAL_ID_PROPERTY, None)
+            count = properties.pop(DELIVERY_COUNT_PROPERTY, None)
+            letters.append(
+                DeadLetter(
+                    id=original_id or str(message.message_id),
+                    body=decode_body(message.message_body),
+                    reason=reason,
+                    delivery_count=int(count) if count and count.isdigit() else None,
+                    properties=properties,
+                )
+            )
+        return letters
+
+    def sibling(self, queue: str) -> AliyunMnsDriver:
+        """The queue ``queue`` on the same endpoint, sharing this driver's connections."""
+        twin = object.__new__(AliyunMnsDriver)
+        twin.queue = _check_queue_name(queue)
+        twin._endpoint = self._endpoint
+        twin._clients = self._clients
+        twin._owns_clients = False  # the driver that made the pool closes it
+        twin._closed = False
+        twin.capabilities = self.capabilities
+        return twin
+
+    # ------------------------------------------------------------------ admin
+
+    def create_queue(self) -> None:
+        """``CreateQueue`` with MNS's default attributes; succeed if the queue exists."""
+        from mns.mns_exception import MNSServerException
+        from mns.queue import QueueMeta
+
+        with self._clients.queue(self.queue) as sdk_queue:
+            try:
+                sdk_queue.create(QueueMeta())
+            except MNSServerException as exc:
+                # 409 QueueAlreadyExist: it exists with other attributes; keep them.
+                if exc.type not in _QUEUE_EXISTS:
+                    raise
+
+    def delete_queue(self) -> None:
+        """``DeleteQueue``; succeed if the queue does not exist."""
+        from mns.mns_exception import MNSServerException
+
+        with self._clients.queue(self.queue) as sdk_queue:
+            try:
+                sdk_queue.delete()
+            except MNSServerException as exc:
+                if exc.type not in _QUEUE_NOT_FOUND:
+                    raise
+
+    # ----------------------------------------------------------------- errors
+
+    def error_code(self, exc: BaseException) -> ErrorCode:
+        """Classify by MNS's error code (see "Errors" in the module doc)."""
+        return classify(exc)
+
+    def backend_code(self, exc: BaseException) -> str | None:
+        """MNS's error code (``.type`` of an SDK exception)."""
+        if isinstance(exc, DriverError):
+            return exc.backend_code
+        code = getattr(exc, "type", None)
+        return code if isinstance(code, str) and code else None
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        """Transient failures: the SDK does not retry, so core does."""
+        return classify(exc) is ErrorCode.UNAVAILABLE
+
+    def close(self) -> None:
+        """Close the pooled connections (a sibling leaves them to the driver that made them)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_clients:
+            self._clients.close()
+
+
+def classify(exc: BaseException) -> ErrorCode:
+    """The :class:`ErrorCode` an ``aliyun-mns-sdk`` error means."""
+    if isinstance(exc, DriverError):
+        return exc.code
+    from mns.mns_exception import (
+        MNSClientException,
+        MNSClientNetworkException,
+        MNSClientParameterException,
+        MNSServerException,
+    )
+
+    if isinstance(exc, MNSServerException):
+        code = exc.type
+        if code in _LEASE_LOST:
+            return ErrorCode.LEASE_LOST
+        if code in _QUEUE_NOT_FOUND:
+            return ErrorCode.QUEUE_NOT_FOUND
+        if code in _QUEUE_EXISTS:
+            return ErrorCode.QUEUE_EXISTS
+        if code in _UNAUTHENTICATED:
+            return ErrorCode.UNAUTHENTICATED
+        if code in _UNAVAILABLE:
+            return ErrorCode.UNAVAILABLE
+        if code in _INVALID:
+            return ErrorCode.INVALID_ARGUMENT
+        return ErrorCode.UNKNOWN
+    if isinstance(exc, MNSClientNetworkException):
+        # Connection failures, and responses the SDK could not read (RespDataDamaged).
+        return ErrorCode.UNAVAILABLE
+    if isinstance(exc, MNSClientParameterException):
+        return ErrorCode.INVALID_ARGUMENT
+    if isinstance(exc, MNSClientException):
+        return ErrorCode.UNKNOWN
+    if isinstance(exc, ConnectionError | TimeoutError):
+        return ErrorCode.UNAVAILABLE
+    if isinstance(exc, ValueError | TypeError):
+        return ErrorCode.INVALID_ARGUMENT
+    return ErrorCode.UNKNOWN
