@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from leasekit.clock import to_datetime
 DURATIONS = st.sampled_from([0.25, 0.5, 1.0, 2.0, 5.0])
 STEPS = st.sampled_from([0.0, 0.25, 0.5, 1.0, 2.0, 5.0, 31.0])
 DELAYS = st.sampled_from([0.0, 0.0, 0.5, 1.0, 3.0])
+TTLS = st.none() | st.sampled_from([1.0, 2.5, 6.0])
 BODIES = st.binary(max_size=48)
 PROPERTIES = st.dictionaries(st.text(min_size=1, max_size=4), st.text(max_size=4), max_size=2)
 #: The queue's default physical lease (``leasekit.open`` without lease_duration).
@@ -75,6 +77,7 @@ class ModelMessage:
     seq: int
     visible_at: float
     enqueued_at: float
+    expires_at: float | None = None
     delivery_count: int = 0
     #: The model lease whose receipt is current (the newest delivery), if any.
     holder: ModelLease | None = None
@@ -124,8 +127,12 @@ class LeaseModel(RuleBasedStateMachine):
     def now(self) -> float:
         return self.clock.time()
 
+    def expired(self, message: ModelMessage) -> bool:
+        """Whether the message's time-to-live has passed (it then counts as gone)."""
+        return message.expires_at is not None and message.expires_at <= self.now()
+
     def alive(self) -> list[ModelMessage]:
-        return [m for m in self.messages.values() if not m.gone]
+        return [m for m in self.messages.values() if not m.gone and not self.expired(m)]
 
     def visible(self) -> list[ModelMessage]:
         now = self.now()
@@ -137,7 +144,10 @@ class LeaseModel(RuleBasedStateMachine):
         return [
             h
             for h in self.handles.values()
-            if h.state is State.HELD and not h.message.gone and h.message.holder is h
+            if h.state is State.HELD
+            and not h.message.gone
+            and not self.expired(h.message)
+            and h.message.holder is h
         ]
 
     def model_of(self, lease: Lease) -> ModelLease:
@@ -150,6 +160,9 @@ class LeaseModel(RuleBasedStateMachine):
         if handle.state is State.LOST:
             return LeaseLost
         if handle.message.gone or handle.message.holder is not handle:
+            return LeaseLost
+        if self.expired(handle.message):
+            event("lease on a message past its time-to-live refused")
             return LeaseLost
         return None
 
@@ -175,9 +188,11 @@ class LeaseModel(RuleBasedStateMachine):
         assert caps.detects_stale_receipts
         assert not caps.renew_rotates_receipt
 
-    @rule(body=BODIES, delay=DELAYS, properties=PROPERTIES)
-    def send(self, body: bytes, delay: float, properties: dict[str, str]) -> None:
-        message_id = self.queue.send(body, delay=delay, properties=properties)
+    @rule(body=BODIES, delay=DELAYS, ttl=TTLS, properties=PROPERTIES)
+    def send(
+        self, body: bytes, delay: float, ttl: float | None, properties: dict[str, str]
+    ) -> None:
+        message_id = self.queue.send(body, delay=delay, ttl=ttl, properties=properties)
         assert message_id not in self.messages
         now = self.now()
         self.messages[message_id] = ModelMessage(
@@ -187,6 +202,7 @@ class LeaseModel(RuleBasedStateMachine):
             seq=next(self.seq),
             visible_at=now + delay,
             enqueued_at=now,
+            expires_at=None if ttl is None else now + ttl,
         )
 
     @rule(bodies=st.lists(BODIES, min_size=1, max_size=4))
@@ -248,6 +264,26 @@ class LeaseModel(RuleBasedStateMachine):
         ends = [h.message.visible_at for h in self.current_holders()]
         self.clock.advance(max(0.0, min(ends) - now))
         return self.lease(count, duration)
+
+    @precondition(lambda self: any(h.message.expires_at for h in self.current_holders()))
+    @rule(data=st.data())
+    def outlive_ttl(self, data: st.DataObject) -> None:
+        """Hold a message past its time-to-live, then use the lease: the TTL wins."""
+        handle = data.draw(
+            st.sampled_from([h for h in self.current_holders() if h.message.expires_at]),
+            label="handle",
+        )
+        assert handle.message.expires_at is not None
+        self.clock.advance(handle.message.expires_at - self.now())
+        action = data.draw(st.sampled_from(["renew", "complete", "abandon", "dead_letter"]))
+        if action == "renew":
+            self.renew(handle.lease, None)
+        elif action == "complete":
+            self.complete(handle.lease)
+        elif action == "abandon":
+            self.abandon(handle.lease, 0.0)
+        else:
+            self.dead_letter(handle.lease, "poison")
 
     @precondition(has_leases)
     @rule(lease=leases, duration=st.none() | DURATIONS)
@@ -335,16 +371,17 @@ class LeaseModel(RuleBasedStateMachine):
     def advance(self, seconds: float) -> None:
         self.clock.advance(seconds)
 
-    @precondition(lambda self: any(not m.gone for m in self.messages.values()))
+    @precondition(lambda self: bool(self.alive()))
     @rule()
     def advance_to_next_expiry(self) -> None:
         """Jump exactly to the next moment a message becomes visible (the boundary case)."""
         now = self.now()
         later = [m.visible_at for m in self.alive() if m.visible_at > now]
+        later += [m.expires_at for m in self.alive() if m.expires_at is not None]
         if later:
             self.clock.advance(min(later) - now)
             assert self.clock.time() == min(later)
-            event("clock moved exactly to an expiry")
+            event("clock moved exactly to a visibility or time-to-live boundary")
 
     # ------------------------------------------------------------- invariants
 
@@ -367,7 +404,8 @@ class LeaseModel(RuleBasedStateMachine):
             model = self.messages[letter.id]
             assert letter.body == model.body
             assert letter.delivery_count == model.delivery_count
-        self.clock.advance(10_000)
+        self.clock.advance(10_000)  # past every lease, delay and time-to-live here
+        alive = {m.id for m in self.alive()}
         seen: list[str] = []
         while batch := self.queue.lease(100, duration=60):
             for lease in batch:
@@ -376,7 +414,7 @@ class LeaseModel(RuleBasedStateMachine):
                 assert lease.message.body == model.body
                 assert lease.message.delivery_count == model.delivery_count + 1
                 seen.append(lease.message.id)
-        assert sorted(seen) == sorted(m.id for m in self.alive())
+        assert sorted(seen) == sorted(alive)
 
 
 class MemoryModel(LeaseModel):
@@ -384,9 +422,13 @@ class MemoryModel(LeaseModel):
         return leasekit.open("memory", queue="model", clock=clock, create=True)
 
 
+#: SQLite files go to RAM where there is a tmpfs: the model checks semantics, not disks.
+RAM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
+
+
 class SqliteModel(LeaseModel):
     def open_queue(self, clock: ManualClock) -> Queue:
-        self.directory = tempfile.mkdtemp(prefix="leasekit-model-")
+        self.directory = tempfile.mkdtemp(prefix="leasekit-model-", dir=RAM_DIR)
         path = Path(self.directory) / "model.db"
         return leasekit.open("sqlite", path=str(path), queue="model", clock=clock, create=True)
 
