@@ -331,7 +331,7 @@ class ServiceBusEmulator(Handler):
         else:
             link.target.type = Terminus.UNSPECIFIED
         link.open()
-        link.condition = Condition(condition, description)
+        link.condition = _condition(condition, description)
         link.close()
 
     # -- flow ---------------------------------------------------------------------------------
@@ -438,10 +438,10 @@ class ServiceBusEmulator(Handler):
             elif kind in ("cbs", "mgmt", "admin"):
                 self._on_request(link, payload)
             else:
-                outcome = (Delivery.REJECTED, Condition("amqp:not-allowed", "link is closed"))
+                outcome = (Delivery.REJECTED, _condition("amqp:not-allowed", "link is closed"))
         except Exception as exc:  # a bad request must not take the emulator down
             _log.exception("failed to handle a transfer on %s", kind)
-            outcome = (Delivery.REJECTED, Condition("amqp:internal-error", str(exc)))
+            outcome = (Delivery.REJECTED, _condition("amqp:internal-error", str(exc)))
         if not delivery.settled:
             state, condition = outcome
             if condition is not None:
@@ -453,14 +453,14 @@ class ServiceBusEmulator(Handler):
 
     def _accept_send(self, entity: SubQueue, payload: bytes) -> tuple[int, Condition | None]:
         if len(payload) > MAX_MESSAGE_SIZE:
-            return Delivery.REJECTED, Condition(
+            return Delivery.REJECTED, _condition(
                 "amqp:link:message-size-exceeded",
                 f"The message size {len(payload)} exceeds the limit of {MAX_MESSAGE_SIZE} bytes.",
             )
         try:
             messages = unpack(payload)
         except ValueError as exc:
-            return Delivery.REJECTED, Condition("amqp:decode-error", str(exc))
+            return Delivery.REJECTED, _condition("amqp:decode-error", str(exc))
         now = self.clock()
         for sections in messages:
             self._enqueue(entity, sections, now)
@@ -514,7 +514,7 @@ class ServiceBusEmulator(Handler):
                 entity.abandon(token, now, failed=False)
         except LockLost:
             if not remote_settled:
-                delivery.local.condition = Condition(LOCK_LOST, LOCK_LOST_TEXT)
+                delivery.local.condition = _condition(LOCK_LOST, LOCK_LOST_TEXT)
                 delivery.update(Delivery.REJECTED)
             delivery.settle()
             return
@@ -708,6 +708,15 @@ def getattr_safe(obj: Any, name: str) -> Any:
         return getattr(obj, name)
     except AttributeError:
         return None
+
+
+def _condition(name: str, description: str) -> Condition:
+    """An error condition with an info map, as Service Bus sends (a tracking id).
+
+    The SDK reads the info field by position, so it must not be left out.
+    """
+    info = {symbol("com.microsoft:tracking-id"): str(uuid.uuid4())}
+    return Condition(name, description, info)
 
 
 def _array(element_type: int, values: list[Any]) -> Array:

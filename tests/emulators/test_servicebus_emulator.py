@@ -31,6 +31,7 @@ from azure.servicebus import (  # noqa: E402
 from azure.servicebus.aio import ServiceBusClient as AsyncServiceBusClient  # noqa: E402
 from azure.servicebus.exceptions import (  # noqa: E402
     MessageLockLostError,
+    MessageSizeExceededError,
     MessagingEntityNotFoundError,
 )
 
@@ -483,3 +484,164 @@ async def _aio_end_to_end(server: Any) -> None:
         with pytest.raises(MessagingEntityNotFoundError):
             async with aux_receiver(sb, server.queue_name("missing")) as missing:
                 await missing.receive_messages(max_wait_time=1)
+
+
+# -- limits, drain and process lifecycle ------------------------------------------------------
+
+
+def test_oversize_message_is_rejected(client: ServiceBusClient, servicebus_server: Any) -> None:
+    queue = servicebus_server.create_queue()
+    with sender_for(client, queue) as sender:
+        with pytest.raises(MessageSizeExceededError):
+            sender.send_messages(ServiceBusMessage(b"x" * 300_000))
+        assert sender.create_message_batch().max_size_in_bytes == 256 * 1024
+    with aux_receiver(client, queue) as receiver:
+        assert receiver.peek_messages(5, sequence_number=1) == []
+
+
+def test_drain_is_answered_with_the_credit_given_back(servicebus_server: Any) -> None:
+    """A receiver asking to drain on an empty queue gets its credit back at once."""
+    from proton.handlers import MessagingHandler
+    from proton.reactor import Container
+
+    queue = servicebus_server.create_queue()
+    address = f"{servicebus_server.host}:{servicebus_server.port}"
+
+    class Drainer(MessagingHandler):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__(prefetch=0)
+            self.drained = False
+
+        def on_start(self, event: Any) -> None:
+            conn = event.container.connect(address, allowed_mechs="ANONYMOUS")
+            event.container.create_receiver(conn, queue)
+            event.container.schedule(MAX_WAIT, self)  # give up if never answered
+
+        def on_link_opened(self, event: Any) -> None:
+            if event.receiver is not None:
+                event.receiver.drain(5)
+
+        def on_link_flow(self, event: Any) -> None:
+            receiver = event.receiver
+            if receiver is not None and not receiver.draining() and receiver.credit == 0:
+                self.drained = True
+                event.connection.close()
+                event.container.stop()
+
+        def on_timer_task(self, event: Any) -> None:
+            event.container.stop()
+
+    handler = Drainer()
+    started = time.monotonic()
+    Container(handler).run()
+    assert handler.drained
+    assert time.monotonic() - started < 2
+
+
+def test_emulator_process_stops_cleanly_on_sigterm(tmp_path: Any) -> None:
+    from leasekit.emulators._process import ServerProcess, free_port, python_module
+
+    config = tmp_path / "queues.json"
+    config.write_text('{"Queues": [{"Name": "a", "Properties": {"LockDuration": "PT5S"}}]}')
+    port = free_port()
+    argv = python_module(
+        "leasekit.emulators.servicebus", "--port", str(port), "--config", str(config)
+    )
+    process = ServerProcess(argv, port, name="servicebus-sigterm").start()
+    process.stop(grace=5)
+    assert process._proc is not None and process._proc.returncode == 0
+
+
+def test_bad_config_exits_with_an_error(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    config = tmp_path / "queues.json"
+    config.write_text('{"Queues": [{"Name": "a", "Properties": {"LockDuration": "PT10M"}}]}')
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "leasekit.emulators.servicebus",
+            "--port",
+            "1",
+            "--config",
+            str(config),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert "LockDuration" in result.stderr
+
+
+# -- broker semantics without the network (explicit clock) ----------------------------------------
+
+
+def test_broker_rules_with_an_explicit_clock() -> None:
+    from leasekit.emulators.servicebus import Broker, LockLost, QueueProperties
+    from leasekit.emulators.servicebus.config import EmulatorConfig
+
+    broker = Broker(EmulatorConfig(auto_create=False))
+    queue = broker.create_queue("q", QueueProperties(lock_duration=10, max_delivery_count=2))
+    active = queue.active
+    for payload in ("a", "b"):
+        active.enqueue(payload, now=0.0)
+    a = active.receive(1.0, lock=True)
+    assert a is not None and a.payload == "a" and a.locked_until == 11.0
+    token = a.lock_token
+    assert token is not None
+    assert active.renew(token, 5.0) == 15.0  # from now, same token
+    assert a.lock_token == token
+    b = active.receive(5.0, lock=True)
+    assert b is not None and b.payload == "b"
+    assert active.receive(5.0, lock=True) is None
+    # Both locks end at 15 (b taken at 5, a renewed at 5): both return, in sequence order.
+    assert queue.expire(15.0)
+    again = active.receive(15.0, lock=True)
+    assert again is a and a.delivery_count == 1 and a.lock_token != token
+    with pytest.raises(LockLost):
+        active.complete(token, 15.0)  # the old token is stale
+    assert a.lock_token is not None
+    active.abandon(a.lock_token, 16.0)  # second failed delivery: MaxDeliveryCount 2
+    assert a in queue.dead_letter.peek(1, 10, 16.0)
+    assert a.dead_letter_properties["DeadLetterReason"] == "MaxDeliveryCountExceeded"
+
+
+def test_config_parsing() -> None:
+    from leasekit.emulators.servicebus.config import parse_config, parse_duration
+
+    assert parse_duration("PT1M") == 60
+    assert parse_duration("PT0.5S") == 0.5
+    assert parse_duration("P1DT2H3M4S") == 86400 + 7200 + 180 + 4
+    assert parse_duration(30) == 30
+    with pytest.raises(ValueError):
+        parse_duration("PT")
+    config = parse_config(
+        {
+            "UserConfig": {
+                "Namespaces": [
+                    {
+                        "Name": "ns",
+                        "Queues": [
+                            {
+                                "Name": "orders",
+                                "Properties": {
+                                    "LockDuration": "PT2S",
+                                    "MaxDeliveryCount": 3,
+                                    "DefaultMessageTimeToLive": "PT1H",
+                                    "DeadLetteringOnMessageExpiration": True,
+                                },
+                            }
+                        ],
+                    }
+                ]
+            },
+            "Emulator": {"AutoCreateQueues": "^auto-.*"},
+        }
+    )
+    orders = config.queues["orders"]
+    assert (orders.lock_duration, orders.max_delivery_count, orders.default_ttl) == (2, 3, 3600)
+    assert orders.dead_lettering_on_message_expiration
+    assert config.may_auto_create("auto-1") and not config.may_auto_create("other")
