@@ -715,7 +715,7 @@ def _condition(name: str, description: str) -> Condition:
 
     The SDK reads the info field by position, so it must not be left out.
     """
-    info = {symbol("com.microsoft:tracking-id"): str(uuid.uuid4())}
+    info: Any = {symbol("com.microsoft:tracking-id"): str(uuid.uuid4())}
     return Condition(name, description, info)
 
 
