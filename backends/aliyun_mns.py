@@ -118,8 +118,7 @@ import math
 import os
 import re
 import threading
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -349,23 +348,64 @@ def _check_endpoint(endpoint: object) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
+class _Pooled:
+    """One SDK client (one HTTP connection) and the SDK ``Queue`` objects made on it."""
+
+    __slots__ = ("client", "queues")
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.queues: dict[str, Any] = {}
+
+    def queue(self, name: str) -> Any:
+        sdk_queue = self.queues.get(name)
+        if sdk_queue is None:
+            from mns.queue import Queue as SdkQueue
+
+            sdk_queue = SdkQueue(name, self.client)
+            sdk_queue.set_encoding(False)  # leasekit base64-encodes bytes itself
+            self.queues[name] = sdk_queue
+        return sdk_queue
+
+
+class _Borrowed:
+    """``with pool.queue(name) as sdk_queue:`` — a client for the length of one call."""
+
+    __slots__ = ("_entry", "_name", "_pool")
+
+    def __init__(self, pool: _ClientPool, name: str) -> None:
+        self._pool = pool
+        self._name = name
+        self._entry: _Pooled | None = None
+
+    def __enter__(self) -> Any:
+        self._entry = entry = self._pool.take()
+        return entry.queue(self._name)
+
+    def __exit__(self, *exc_info: object) -> None:
+        entry, self._entry = self._entry, None
+        if entry is not None:
+            self._pool.give(entry)
+
+
 class _ClientPool:
     """SDK clients to borrow one call at a time (an ``MNSClient`` is one HTTP connection).
 
     A client is not thread-safe, so each call takes one from the idle list (or
     makes a new one when all are busy) and gives it back afterwards; the pool
-    grows to the peak number of concurrent calls and reuses warm connections.
+    grows to the peak number of concurrent calls and reuses warm connections
+    (last in, first out).
     """
 
     def __init__(self, endpoint: str, credentials_provider: Any, timeout: float) -> None:
         self.endpoint = endpoint
         self._provider = credentials_provider
         self._timeout = timeout
-        self._idle: list[Any] = []
+        self._idle: list[_Pooled] = []
         self._lock = threading.Lock()
         self._closed = False
 
-    def _new(self) -> Any:
+    def _new(self) -> _Pooled:
         from mns.mns_client import MNSClient
 
         client = MNSClient(self.endpoint, credentials_provider=self._provider)
@@ -374,36 +414,34 @@ class _ClientPool:
             client.http.conn.timeout = self._timeout
         else:
             client.set_connection_timeout(self._timeout)
-        return client
+        return _Pooled(client)
 
-    @contextmanager
-    def queue(self, name: str) -> Iterator[Any]:
-        """An SDK ``Queue`` for ``name`` on a borrowed client, body encoding off."""
-        from mns.queue import Queue as SdkQueue
-
+    def take(self) -> _Pooled:
+        """An idle client, or a new one."""
         with self._lock:
-            client = self._idle.pop() if self._idle else None
-        if client is None:
-            client = self._new()
-        try:
-            sdk_queue = SdkQueue(name, client)
-            sdk_queue.set_encoding(False)  # leasekit base64-encodes bytes itself
-            yield sdk_queue
-        finally:
-            with self._lock:
-                keep = not self._closed
-                if keep:
-                    self._idle.append(client)
-            if not keep:
-                client.close_connection()
+            if self._idle:
+                return self._idle.pop()
+        return self._new()
+
+    def give(self, entry: _Pooled) -> None:
+        """Return a client taken with :meth:`take` (closed instead once the pool is)."""
+        with self._lock:
+            if not self._closed:
+                self._idle.append(entry)
+                return
+        entry.client.close_connection()
+
+    def queue(self, name: str) -> _Borrowed:
+        """An SDK ``Queue`` for ``name`` on a borrowed client, body encoding off."""
+        return _Borrowed(self, name)
 
     def close(self) -> None:
         """Close every idle connection; busy ones close when their call returns."""
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-        for client in idle:
-            client.close_connection()
+        for entry in idle:
+            entry.client.close_connection()
 
 
 # -------------------------------------------------------------------- driver
