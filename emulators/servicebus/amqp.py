@@ -4,8 +4,9 @@ Serves the ``azure-servicebus`` SDK (sync and aio, >= 7.15) connected with
 ``Endpoint=sb://127.0.0.1:PORT;...;UseDevelopmentEmulator=true``: plain TCP, no TLS.
 
 Emulated on the wire:
-    * SASL ANONYMOUS (and PLAIN, unchecked); any CBS ``put-token`` on ``$cbs`` is
-      accepted (status-code 202); tokens are not validated or expired;
+    * SASL ANONYMOUS only (proton's built-in SASL has no PLAIN server); any CBS
+      ``put-token`` on ``$cbs`` is accepted (status-code 202); tokens are not
+      validated or expired;
     * sender links to ``<queue>``: single messages and batches (message-format
       0x80013700, recognised by shape), scheduled enqueue time annotation, accepted
       outcome per transfer; oversize or malformed transfers are rejected;
@@ -61,7 +62,15 @@ from proton import (
 )
 from proton.reactor import Container
 
-from .broker import Broker, EntityNotFound, LockLost, MessageNotFound, StoredMessage, SubQueue
+from .broker import (
+    Broker,
+    EntityNotFound,
+    LockLost,
+    MessageNotFound,
+    MessageState,
+    StoredMessage,
+    SubQueue,
+)
 from .codec import Section, inspect, ms_timestamp, render, split_sections, unpack
 
 __all__ = ["MAX_MESSAGE_SIZE", "ServiceBusEmulator"]
@@ -151,7 +160,8 @@ class ServiceBusEmulator(Handler):
         self.host = host
         self.port = port
         self.clock = clock
-        self._consumers: dict[int, list[Any]] = {}  # id(SubQueue) -> sender links
+        self._consumers: dict[int, list[Any]] = {}  # id(SubQueue) -> consumer links
+        self._entity_links: dict[int, list[Any]] = {}  # id(Queue) -> every link bound to it
         self._acceptor: Any = None
         self._container: Any = None
         self._closing = False
@@ -190,10 +200,9 @@ class ServiceBusEmulator(Handler):
     # -- connection, session, link endpoints --------------------------------------------------
 
     def on_connection_bound(self, event: Any) -> None:
-        """Offer SASL ANONYMOUS/PLAIN on accepted connections."""
-        transport = event.transport
-        sasl = transport.sasl()
-        sasl.allowed_mechs("ANONYMOUS PLAIN")
+        """Offer SASL ANONYMOUS on accepted connections."""
+        sasl = event.transport.sasl()
+        sasl.allowed_mechs("ANONYMOUS")
         sasl.allow_insecure_mechs = True
 
     def on_connection_remote_open(self, event: Any) -> None:
@@ -244,11 +253,17 @@ class ServiceBusEmulator(Handler):
             link.detach()
 
     def _forget_link(self, link: Any) -> None:
-        entity = getattr_safe(link, "sb_entity")
-        if entity is not None and link.is_sender:
-            links = self._consumers.get(id(entity), [])
-            if link in links:
-                links.remove(link)
+        entity: SubQueue | None = getattr_safe(link, "sb_entity")
+        if entity is not None:
+            for registry, key in (
+                (self._consumers, id(entity)),
+                (self._entity_links, id(entity.queue)),
+            ):
+                links = registry.get(key, [])
+                if link in links:
+                    links.remove(link)
+                if not links:
+                    registry.pop(key, None)
         link.sb_kind = "closed"
 
     def _forget_connection(self, conn: Any) -> None:
@@ -284,6 +299,9 @@ class ServiceBusEmulator(Handler):
             link.max_message_size = 0
         else:
             link.max_message_size = MAX_MESSAGE_SIZE
+        entity: SubQueue | None = link.sb_entity
+        if entity is not None:
+            self._entity_links.setdefault(id(entity.queue), []).append(link)
         link.open()
         if link.is_receiver:
             link.flow(CREDIT_WINDOW)
@@ -401,6 +419,9 @@ class ServiceBusEmulator(Handler):
         }
         if message.locked_until is not None and (locked or peek):
             annotations["x-opt-locked-until"] = ms_timestamp(message.locked_until)
+        if message.state is not MessageState.ACTIVE:
+            # ServiceBusMessageState: 0 active, 1 deferred, 2 scheduled.
+            annotations["x-opt-message-state"] = message.state.value
         sections: list[Section] = message.payload
         return render(
             sections,
@@ -684,7 +705,14 @@ class ServiceBusEmulator(Handler):
                 self.broker.create_queue(name, properties)
                 return {"name": name}
             if operation == "leasekit:delete-queue":
+                queue = self.broker.queue(name, create=False)
                 self.broker.delete_queue(name)
+                for link in list(self._entity_links.get(id(queue), [])):
+                    self._forget_link(link)
+                    link.condition = _condition(
+                        "amqp:not-found", f"The messaging entity '{name}' was deleted."
+                    )
+                    link.close()
                 return {"name": name}
         except EntityNotFound as exc:
             raise _MgmtError(404, "amqp:not-found", f"queue {name!r} not found") from exc

@@ -24,6 +24,7 @@ azure_servicebus = pytest.importorskip("azure.servicebus")
 from azure.servicebus import (  # noqa: E402
     ServiceBusClient,
     ServiceBusMessage,
+    ServiceBusMessageState,
     ServiceBusReceivedMessage,
     ServiceBusReceiveMode,
     ServiceBusSubQueue,
@@ -199,6 +200,8 @@ def test_defer_then_receive_deferred(client: ServiceBusClient, servicebus_server
         [message] = receive_until(receiver, 1)
         receiver.defer_message(message)
         assert receiver.receive_messages(max_wait_time=0.2) == []
+        [peeked] = receiver.peek_messages(1, sequence_number=1)
+        assert peeked.state == ServiceBusMessageState.DEFERRED
         [deferred] = receiver.receive_deferred_messages([message.sequence_number])
         assert body(deferred) == b"later"
         receiver.complete_message(deferred)  # settled over $management
@@ -386,6 +389,17 @@ def test_missing_entity_raises_not_found(client: ServiceBusClient, servicebus_se
         receiver.receive_messages(max_wait_time=1)
     with pytest.raises(MessagingEntityNotFoundError):
         send(client, missing, ServiceBusMessage(b"x"))
+
+
+def test_deleted_queue_detaches_its_links(client: ServiceBusClient, servicebus_server: Any) -> None:
+    queue = servicebus_server.create_queue()
+    with aux_receiver(client, queue) as receiver:
+        assert receiver.receive_messages(max_wait_time=0.1) == []  # link attached
+        servicebus_server.delete_queue(queue)
+        with pytest.raises(MessagingEntityNotFoundError):
+            receiver.receive_messages(max_wait_time=1)
+    with pytest.raises(MessagingEntityNotFoundError):
+        send(client, queue, ServiceBusMessage(b"x"))
 
 
 def test_receive_timeout_returns_empty_promptly(
