@@ -474,7 +474,16 @@ async def _aio_end_to_end(server: Any) -> None:
                 await receiver.complete_message(b2)
             [b3] = await receiver.receive_messages(max_wait_time=MAX_WAIT)
             assert (b3.message_id, b3.delivery_count) == ("b", 2)
+            # Server-side refusals: a disposition for a lock that is gone (client clock
+            # pretended behind), and a stale copy settled over $management.
+            b2._expiry = utcnow() + datetime.timedelta(minutes=5)
+            b2._settled = False
+            with pytest.raises(MessageLockLostError):
+                await receiver.abandon_message(b2)
+            stale = copy.copy(b3)
             await receiver.complete_message(b3)
+            with pytest.raises(MessageLockLostError):
+                await receiver.complete_message(stale)
 
             started = time.monotonic()
             assert await receiver.receive_messages(max_wait_time=0.5) == []
