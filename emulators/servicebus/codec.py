@@ -15,6 +15,7 @@ body happens to be exactly such an encoding would be mistaken for a batch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -296,5 +297,9 @@ def render(
 
 
 def ms_timestamp(seconds: float) -> timestamp:
-    """A proton ``timestamp`` (milliseconds since the epoch) for ``seconds``."""
-    return timestamp(round(seconds * 1000))
+    """A proton ``timestamp`` (milliseconds since the epoch) for ``seconds``.
+
+    Rounded down, so a client comparing ``x-opt-locked-until`` with its clock never
+    believes a lock outlives the emulator's own record of it.
+    """
+    return timestamp(math.floor(seconds * 1000))
