@@ -227,10 +227,11 @@ def test_renew_moves_locked_until_and_keeps_token(
         assert len(expirations) == 2
         assert all(e / 1000 > time.time() for e in expirations)
         # Keep renewing past the original expiry: still locked, nobody else gets them.
-        while utcnow() < until + datetime.timedelta(seconds=0.3):
-            receiver.renew_message_lock(first)
-            receiver.renew_message_lock(second)
-            assert receiver.receive_messages(max_wait_time=0.1) == []
+        with aux_receiver(client, queue) as other:
+            while utcnow() < until + datetime.timedelta(seconds=0.3):
+                receiver.renew_message_lock(first)
+                receiver.renew_message_lock(second)
+                assert other.receive_messages(max_wait_time=0.1) == []
         assert first.lock_token == token
         receiver.complete_message(first)
         receiver.complete_message(second)
