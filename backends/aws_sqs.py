@@ -438,6 +438,11 @@ class SqsDriver(Driver):
                 f"aws-sqs URLs take no credentials ({', '.join(secret)}): pass them as "
                 "keyword options or use the boto3 chain"
             )
+        objects = sorted(k for k in url.query if k == "client" or k.startswith("_"))
+        if objects:
+            raise InvalidURL(
+                f"aws-sqs: option(s) {', '.join(objects)} cannot come from a URL (keyword only)"
+            )
         if url.port is not None:
             raise InvalidURL("aws-sqs URLs name a region, not a host:port; use ?endpoint_url=")
         options: dict[str, Any] = dict(url.query)

@@ -139,6 +139,8 @@ def test_url_with_account_and_queue_url_keyword() -> None:
         "aws-sqs://us-east-1/q?aws_secret_access_key=hunter2-secret",
         "aws-sqs://AKIDEXAMPLE:hunter2-secret@us-east-1/q",
         "aws-sqs://us-east-1/q?colour=red",
+        "aws-sqs://us-east-1/q?client=x",
+        "aws-sqs://us-east-1/q?_connection=x",
         "aws-sqs://us-east-1/orders.fifo",
         "aws-sqs://us-east-1/a/b/c",
         "aws-sqs://us-east-1:4566/q",
@@ -286,6 +288,22 @@ def test_delete_batch_maps_each_entry(queue: Queue) -> None:
     assert results[1].backend_code == "ReceiptHandleIsInvalid"
     assert leases[1].lost.is_set()
     assert [lz.state.value for lz in leases] == ["completed", "lost", "completed"]
+
+
+def test_keeper_batch_renew_maps_each_entry(queue: Queue) -> None:
+    queue.send_many([b"1", b"2", b"3"])
+    leases: list[Any] = []
+    while len(leases) < 3:
+        leases.extend(queue.lease(3 - len(leases), duration=30, wait=5))
+    leases[2]._receipt = "garbage"
+    calls = Calls(_driver(queue).client)
+    results = queue._renew_many(leases, 90)
+    assert calls.names() == ["ChangeMessageVisibilityBatch"]
+    assert calls.made[0][1]["Entries"][0]["VisibilityTimeout"] == 90
+    assert results[:2] == [None, None] and isinstance(results[2], LeaseLost)
+    assert leases[2].lost.is_set()
+    assert leases[0].expires_at.timestamp() > time.time() + 80
+    assert queue._settle_many(leases[:2]) == [None, None]
 
 
 def test_change_visibility_batch_maps_each_entry(queue: Queue) -> None:
