@@ -119,12 +119,11 @@ import os
 import re
 import threading
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
 from leasekit.capabilities import Capabilities
-from leasekit.clock import to_datetime
 from leasekit.errors import BackendNotInstalled, InvalidURL
 from leasekit.hookspecs import hookimpl
 from leasekit.options import as_float
@@ -304,7 +303,8 @@ def _visibility(seconds: float) -> int:
 
 
 def _ms(value: Any) -> datetime:
-    return to_datetime(int(value) / 1000)
+    """A time in milliseconds since the epoch (MNS's format) as a UTC datetime."""
+    return datetime.fromtimestamp(int(value) / 1000, UTC)
 
 
 def _is_loopback(host: str) -> bool:
@@ -379,8 +379,14 @@ class _Borrowed:
         self._entry: _Pooled | None = None
 
     def __enter__(self) -> Any:
-        self._entry = entry = self._pool.take()
-        return entry.queue(self._name)
+        pool = self._pool  # borrow inline: this runs on every call
+        with pool._lock:
+            entry = pool._idle.pop() if pool._idle else None
+        if entry is None:
+            entry = pool._new()
+        self._entry = entry
+        sdk_queue = entry.queues.get(self._name)
+        return sdk_queue if sdk_queue is not None else entry.queue(self._name)
 
     def __exit__(self, *exc_info: object) -> None:
         entry, self._entry = self._entry, None
@@ -416,15 +422,8 @@ class _ClientPool:
             client.set_connection_timeout(self._timeout)
         return _Pooled(client)
 
-    def take(self) -> _Pooled:
-        """An idle client, or a new one."""
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
-        return self._new()
-
     def give(self, entry: _Pooled) -> None:
-        """Return a client taken with :meth:`take` (closed instead once the pool is)."""
+        """Take back a borrowed client (closed instead once the pool is)."""
         with self._lock:
             if not self._closed:
                 self._idle.append(entry)
