@@ -374,6 +374,12 @@ class AzureStorageQueueDriver(Driver):
                 "azure-storage-queue: give exactly one of connection_string, account_url "
                 "(with credential) or service_client"
                 + (f"; got {' and '.join(given)}" if given else "")
+                + (
+                    " (an azure-storage-queue:// URL sets account_url: pass credential=, "
+                    "or use the keyword form with connection_string=)"
+                    if connection_string is not None and account_url is not None
+                    else ""
+                )
             )
         if credential is not None and account_url is None:
             raise ValueError("azure-storage-queue: credential goes with account_url")

@@ -592,3 +592,13 @@ def test_importing_the_backend_entry_point_imports_no_sdk() -> None:
 
 def test_text_limit_constant_matches_the_service() -> None:
     assert MAX_TEXT == 65536
+
+
+def test_the_fixture_says_to_run_npm_ci_when_azurite_is_missing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    import _fixtures.azurite as fixture
+
+    monkeypatch.setattr(fixture, "AZURITE_QUEUE", tmp_path / "azurite-queue")
+    with pytest.raises(FileNotFoundError, match="run `npm ci`"):
+        fixture.azurite_argv(1234)
