@@ -607,6 +607,24 @@ _XML_403 = (
             ErrorCode.TOO_LARGE,
             MessageTooLarge,
         ),
+        (
+            _client_error(
+                "InvalidParameterValue",
+                "Value AQEB for parameter ReceiptHandle is invalid. Reason: Message does not "
+                "exist or is not available for visibility timeout change.",
+            ),
+            ErrorCode.LEASE_LOST,
+            LeaseLost,
+        ),
+        (
+            _client_error(
+                "InvalidParameterValue",
+                "Value 43200 for parameter VisibilityTimeout is invalid. Reason: Total "
+                "VisibilityTimeout for the message is beyond the limit [43200 seconds]",
+            ),
+            ErrorCode.INVALID_ARGUMENT,
+            InvalidArgument,
+        ),
         (_client_error("SomethingNew"), ErrorCode.UNKNOWN, None),
         (
             botocore_exceptions.EndpointConnectionError(endpoint_url="http://x"),
