@@ -304,19 +304,22 @@ class MemoryDriver(Driver):
 
     def change_visibility(self, receipt: str, seconds: float) -> Visibility:
         """Hide the message for ``seconds`` from now (0: visible at once)."""
-        broker = self.broker
-        with broker.cond:
-            q = self._q()
-            now = self._clock.time()
-            rec = self._held(q, receipt, now)
-            rec.visible_at = now + seconds
-            if self._rotate:
-                rec.receipt = f"{rec.id}:{secrets.token_hex(8)}"
-            q.push(rec)
-            if seconds <= 0:
-                broker.cond.notify_all()
-            assert rec.receipt is not None
-            return Visibility(rec.receipt, to_datetime(rec.visible_at))
+        with self.broker.cond:
+            return self._change_visibility(self._q(), receipt, seconds, self._clock.time())
+
+    def _change_visibility(
+        self, q: _MemoryQueue, receipt: str, seconds: float, now: float
+    ) -> Visibility:
+        """Change visibility; the caller holds the broker lock."""
+        rec = self._held(q, receipt, now)
+        rec.visible_at = now + seconds
+        if self._rotate:
+            rec.receipt = f"{rec.id}:{secrets.token_hex(8)}"
+        q.push(rec)
+        if seconds <= 0:
+            self.broker.cond.notify_all()
+        assert rec.receipt is not None
+        return Visibility(rec.receipt, to_datetime(rec.visible_at))
 
     def change_visibility_batch(
         self, receipts: Sequence[str], seconds: float
@@ -324,12 +327,12 @@ class MemoryDriver(Driver):
         """Change visibility for several receipts under one lock."""
         results: list[Visibility | BaseException] = []
         with self.broker.cond:
+            q = self._q()
+            now = self._clock.time()
             for receipt in receipts:
                 try:
-                    results.append(self.change_visibility(receipt, seconds))
+                    results.append(self._change_visibility(q, receipt, seconds, now))
                 except DriverError as exc:
-                    if exc.code is ErrorCode.QUEUE_NOT_FOUND:
-                        raise
                     results.append(exc)
         return results
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -275,9 +276,14 @@ class Consumer:
                 self._count("dead_lettered")
                 return "dead_lettered", None
             if self.idempotency is not None and self.idempotency.seen(message.id):
-                lease.complete()
                 self._count("duplicates_skipped")
+                with contextlib.suppress(errors.LeaseLost):  # someone else settles it then
+                    lease.complete()
                 return "duplicate", None
+            if lease.lost.is_set():
+                # Found lost (e.g. the worker was frozen past its lease) before it started.
+                self._count("lost")
+                return "lost", None
             start = time.monotonic()
             try:
                 self.handler(lease if self.pass_lease else message)

@@ -340,6 +340,10 @@ class LeaseKeeper:
         now = time.monotonic()
         with self._cond:
             for held, result in zip(group, results, strict=True):
+                if isinstance(result, errors.LeaseLost):
+                    if held.active:  # report it even while stopping
+                        self._lost(held, result)
+                    continue
                 if not held.active or self._state != "running":
                     continue
                 lease = held.lease
@@ -355,8 +359,6 @@ class LeaseKeeper:
                         self._push(held)
                     else:
                         self._forget(held)
-                elif isinstance(result, errors.LeaseLost):
-                    self._lost(held, result)
                 elif isinstance(result, errors.BackendUnavailable | errors.BackendError):
                     self._retry(held, result, now)
                 else:
@@ -379,7 +381,8 @@ class LeaseKeeper:
             )
             return
         backoff = min(RETRY_MAX, RETRY_START * 2 ** (held.failures - 1))
-        held.due = now + min(backoff, max(remaining - 0.05, 0.0))
+        # Retry at the expiry at the latest; a failure then reports the lease lost.
+        held.due = now + max(min(backoff, remaining), 0.01)
         self._push(held)
 
     def _lost(self, held: _Held, error: errors.LeaseLost) -> None:

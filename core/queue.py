@@ -687,8 +687,8 @@ class Queue:
         impls = caller.get_hookimpls()
         if not impls:
             return
-        # pluggy calls the last registered first; "after" hooks go the other way.
-        ordered = impls if "_after_" in hook else reversed(impls)
+        # Observers run in registration order; "after" hooks in reverse (like middleware).
+        ordered = reversed(impls) if "_after_" in hook else impls
         for impl in ordered:
             try:
                 impl.function(**{name: kwargs[name] for name in impl.argnames if name in kwargs})

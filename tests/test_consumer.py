@@ -1,0 +1,249 @@
+"""The Consumer: completes, retries, dead-letters poison, skips duplicates, stops cleanly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import leasekit
+from leasekit import errors
+from leasekit.queue import Queue
+
+
+@pytest.fixture
+def queue() -> Queue:
+    q = leasekit.open("memory", queue=f"consumer-{time.monotonic_ns()}", create=True)
+    yield q
+    q.delete()
+    q.close()
+
+
+def test_every_message_is_handled_and_completed(queue: Queue) -> None:
+    queue.send_many([b"%d" % i for i in range(50)])
+    seen: list[bytes] = []
+    lock = threading.Lock()
+
+    def handler(message: leasekit.Message) -> None:
+        with lock:
+            seen.append(message.body)
+
+    stats = leasekit.Consumer(queue, handler, concurrency=4, lease_duration=5).run(until_idle=True)
+    assert sorted(seen) == sorted(b"%d" % i for i in range(50))
+    assert stats.completed == 50 and stats.in_flight == 0
+    assert queue.stats().visible == 0 and queue.stats().leased == 0
+
+
+def test_a_failing_handler_is_retried_then_dead_lettered_as_poison(queue: Queue) -> None:
+    queue.send(b"poison")
+    calls: list[int] = []
+
+    def handler(message: leasekit.Message) -> None:
+        calls.append(message.delivery_count)
+        raise ValueError("cannot parse")
+
+    stats = leasekit.Consumer(
+        queue, handler, lease_duration=5, max_deliveries=3, backoff_base=0.01
+    ).run(until_idle=True)
+    assert calls == [1, 2, 3]
+    assert stats.failed == 3 and stats.dead_lettered == 1
+    [letter] = queue.peek_dead_letters()
+    assert "max_deliveries is 3" in (letter.reason or "")
+
+
+def test_abandon_delay_backs_off_exponentially(queue: Queue) -> None:
+    consumer = leasekit.Consumer(queue, lambda m: None, backoff_base=2, backoff_max=30)
+    assert [consumer._backoff(n) for n in (1, 2, 3, 6)] == [2, 4, 8, 30]
+
+
+def test_a_handler_slower_than_the_lease_finishes_without_a_stale_receipt(queue: Queue) -> None:
+    queue.send_many([b"slow-1", b"slow-2"])
+
+    def handler(message: leasekit.Message) -> None:
+        time.sleep(1.0)
+
+    stats = leasekit.Consumer(queue, handler, concurrency=2, lease_duration=0.3).run(
+        until_idle=True
+    )
+    assert stats.completed == 2
+    assert stats.stale_on_complete == 0 and stats.lost == 0
+
+
+def test_idempotency_store_suppresses_an_already_processed_message(queue: Queue) -> None:
+    store = leasekit.MemoryIdempotencyStore()
+    message_id = queue.send(b"once")
+    store.record(message_id)  # as if a worker died after recording, before completing
+    calls: list[str] = []
+    stats = leasekit.Consumer(queue, lambda m: calls.append(m.id), idempotency=store).run(
+        until_idle=True
+    )
+    assert calls == []
+    assert stats.duplicates_skipped == 1
+    assert queue.stats().visible == 0
+
+
+def test_ids_are_recorded_only_after_the_handler_succeeded(queue: Queue, tmp_path: Path) -> None:
+    store = leasekit.SqliteIdempotencyStore(str(tmp_path / "ids.db"))
+    ok, bad = queue.send(b"ok"), queue.send(b"bad")
+
+    def handler(message: leasekit.Message) -> None:
+        if message.body == b"bad":
+            raise RuntimeError("no")
+
+    leasekit.Consumer(queue, handler, idempotency=store, max_deliveries=1, backoff_base=0).run(
+        until_idle=True
+    )
+    assert store.seen(ok) and not store.seen(bad)
+    store.close()
+
+
+def test_adaptive_policy_follows_processing_times_and_stale_receipts() -> None:
+    policy = leasekit.AdaptiveLeaseDuration(minimum=1, maximum=60)
+    for _ in range(100):
+        policy.observe(4.0)
+    assert policy.current() == pytest.approx(4.8)
+    policy.stale()
+    policy.stale()
+    policy.stale()
+    assert policy.current() == 8.0
+    assert policy.figures()["stale_seen"] == 3
+
+
+def test_adaptive_policy_figures_show_in_consumer_stats(queue: Queue) -> None:
+    queue.send(b"x")
+    policy = leasekit.AdaptiveLeaseDuration(minimum=1, maximum=10)
+    stats = leasekit.Consumer(queue, lambda m: None, duration_policy=policy).run(until_idle=True)
+    assert stats.lease_duration["samples"] == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"handler": "not callable"},
+        {"concurrency": 0},
+        {"concurrency": 1.5},
+        {"max_deliveries": 0},
+        {"lease_duration": -1},
+        {"prefetch": -1},
+    ],
+)
+def test_bad_construction_is_refused(queue: Queue, kwargs: dict[str, object]) -> None:
+    handler = kwargs.pop("handler", lambda m: None)
+    with pytest.raises(errors.InvalidArgument):
+        leasekit.Consumer(queue, handler, **kwargs)  # type: ignore[arg-type]
+
+
+def test_stop_abandons_unstarted_messages_and_waits_for_in_flight(queue: Queue) -> None:
+    queue.send_many([b"%d" % i for i in range(10)])
+    started = threading.Event()
+    release = threading.Event()
+
+    def handler(message: leasekit.Message) -> None:
+        started.set()
+        release.wait(5)
+
+    consumer = leasekit.Consumer(queue, handler, concurrency=1, prefetch=4, lease_duration=5)
+    runner = threading.Thread(target=consumer.run)
+    runner.start()
+    assert started.wait(5)
+    consumer.stop()
+    deadline = time.monotonic() + 5
+    while not consumer._shutting_down and time.monotonic() < deadline:
+        time.sleep(0.01)  # until the consumer is shutting down (it notices within 1 s)
+    release.set()
+    runner.join(10)
+    assert not runner.is_alive()
+    stats = consumer.stats
+    assert stats.completed == 1
+    assert stats.abandoned_at_shutdown >= 1
+    counts = queue.stats()
+    assert counts.leased == 0, "a clean stop left messages leased"
+    assert counts.visible == 10 - stats.completed
+    assert [t for t in threading.enumerate() if t.name.startswith("leasekit-")] == []
+
+
+def test_handler_past_the_grace_period_has_its_lease_abandoned(queue: Queue) -> None:
+    queue.send(b"stuck")
+    started = threading.Event()
+    release = threading.Event()
+
+    def handler(message: leasekit.Message) -> None:
+        started.set()
+        release.wait(10)
+
+    consumer = leasekit.Consumer(queue, handler, lease_duration=5, shutdown_grace=0.2)
+    runner = threading.Thread(target=consumer.run)
+    runner.start()
+    assert started.wait(5)
+    consumer.stop()
+    runner.join(5)
+    assert queue.stats().leased == 0 and queue.stats().visible == 1
+    release.set()
+
+
+def test_sigterm_stops_a_consumer_gracefully(tmp_path: Path) -> None:
+    db = tmp_path / "q.db"
+    with leasekit.open("sqlite", path=str(db), queue="q", create=True) as q:
+        q.send_many([b"%d" % i for i in range(200)])
+    script = textwrap.dedent(
+        f"""
+        import time, leasekit, warnings
+        warnings.simplefilter("ignore")
+        q = leasekit.open("sqlite", path={str(db)!r}, queue="q")
+        def handler(m):
+            print("handling", flush=True)
+            time.sleep(0.05)
+        stats = leasekit.Consumer(q, handler, concurrency=2, lease_duration=10).run()
+        print("stopped", stats.completed, stats.abandoned_at_shutdown, flush=True)
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=os.environ.copy()
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().startswith("handling")
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 0
+    last = out.strip().splitlines()[-1].split()
+    assert last[0] == "stopped"
+    with leasekit.open("sqlite", path=str(db), queue="q") as q:
+        counts = q.stats()
+    assert counts.leased == 0
+    assert counts.visible == 200 - int(last[1])
+
+
+class _Recorder:
+    def __init__(self, name: str, log: list[str], fail: bool = False) -> None:
+        self.name, self.log, self.fail = name, log, fail
+
+    @leasekit.hookimpl
+    def leasekit_before_process(self, lease: leasekit.Lease) -> None:
+        self.log.append(f"before:{self.name}")
+        if self.fail:
+            raise RuntimeError("observer bug")
+
+    @leasekit.hookimpl
+    def leasekit_after_process(self, outcome: str) -> None:
+        self.log.append(f"after:{self.name}:{outcome}")
+
+
+def test_worker_hooks_run_before_in_order_after_in_reverse_and_observer_errors_are_contained() -> (
+    None
+):
+    registry = leasekit.BackendRegistry()
+    log: list[str] = []
+    registry.register_plugin(_Recorder("a", log, fail=True))
+    registry.register_plugin(_Recorder("b", log))
+    queue = registry.open("memory", queue=f"hooks-{time.monotonic_ns()}", create=True)
+    queue.send(b"x")
+    stats = leasekit.Consumer(queue, lambda m: None).run(until_idle=True)
+    assert stats.completed == 1
+    assert log == ["before:a", "before:b", "after:b:completed", "after:a:completed"]

@@ -1,0 +1,169 @@
+"""The LeaseKeeper: renews before expiry, reports lost leases, lets go, stops its threads."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import leasekit
+from leasekit import errors
+from leasekit.backends.memory import MemoryDriver
+from leasekit.queue import Queue
+from leasekit.spi import DriverError, ErrorCode
+
+
+@pytest.fixture
+def queue() -> Queue:
+    q = leasekit.open("memory", queue=f"keeper-{time.monotonic_ns()}", create=True)
+    yield q
+    q.delete()
+    q.close()
+
+
+def _keeper_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("leasekit-")]
+
+
+def test_keeper_holds_a_short_lease_well_past_its_expiry(queue: Queue) -> None:
+    queue.send(b"x")
+    [lease] = queue.lease(1, duration=0.3)
+    with leasekit.LeaseKeeper() as keeper, keeper.hold(lease):
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            assert queue.lease(1, duration=5, wait=0.2) == [], "the kept lease lapsed"
+        lease.complete()
+    assert keeper.stats.renewed >= 3
+    assert keeper.stats.lost == 0
+
+
+def test_stopping_the_keeper_leaves_no_thread(queue: Queue) -> None:
+    queue.send_many([b"a", b"b"])
+    keeper = leasekit.LeaseKeeper(workers=3)
+    for lease in queue.lease(2, duration=0.3):
+        keeper.add(lease)
+    assert _keeper_threads()
+    keeper.stop()
+    assert _keeper_threads() == []
+    with pytest.raises(errors.LeaseStateError):
+        keeper.start()
+
+
+def test_a_lease_found_lost_is_marked_at_once(queue: Queue) -> None:
+    clock_driver = queue.driver
+    assert isinstance(clock_driver, MemoryDriver)
+    queue.send(b"x")
+    [lease] = queue.lease(1, duration=0.3)
+    seen: list[str] = []
+    # Someone else takes the message: expire it and re-lease it from another consumer.
+    other = leasekit.open("memory", queue=queue.name)
+    [taken] = other.lease(1, duration=30, wait=2)
+    with leasekit.LeaseKeeper(on_lost=lambda lz, err: seen.append(lz.message.id)) as keeper:
+        keeper.add(lease)
+        assert lease.lost.wait(5), "keeper did not notice the lost lease"
+    assert seen == [lease.message.id]
+    with pytest.raises(errors.LeaseLost):
+        lease.check()
+    assert keeper.stats.lost == 1
+    taken.complete()
+
+
+def test_max_lifetime_stops_renewing_and_the_message_comes_back(queue: Queue) -> None:
+    queue.send(b"hung")
+    [lease] = queue.lease(1, duration=0.3)
+    with leasekit.LeaseKeeper(max_lifetime=0.8) as keeper:
+        keeper.add(lease)
+        start = time.monotonic()
+        [again] = queue.lease(1, duration=30, wait=5)
+        assert time.monotonic() - start >= 0.5
+        assert again.message.delivery_count == 2
+        assert keeper.stats.released_at_max_lifetime == 1
+    again.complete()
+
+
+class _Flaky(MemoryDriver):
+    fail_renewals = 0
+
+    def change_visibility_batch(self, receipts, seconds):  # type: ignore[no-untyped-def]
+        if self.fail_renewals:
+            self.fail_renewals -= 1
+            return [DriverError(ErrorCode.UNAVAILABLE, "blip")] * len(receipts)
+        return super().change_visibility_batch(receipts, seconds)
+
+    def change_visibility(self, receipt, seconds):  # type: ignore[no-untyped-def]
+        if self.fail_renewals:
+            self.fail_renewals -= 1
+            raise DriverError(ErrorCode.UNAVAILABLE, "blip")
+        return super().change_visibility(receipt, seconds)
+
+
+def test_transient_renewal_failures_are_retried_before_expiry() -> None:
+    driver = _Flaky(queue=f"flaky-{time.monotonic_ns()}")
+    queue = Queue(driver)
+    queue.create()
+    queue.send(b"x")
+    [lease] = queue.lease(1, duration=1.0)
+    driver.fail_renewals = 2
+    with leasekit.LeaseKeeper() as keeper, keeper.hold(lease):
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline:
+            assert queue.lease(1, duration=5, wait=0.2) == []
+        lease.complete()
+    assert keeper.stats.transient_failures == 2
+    assert keeper.stats.lost == 0
+
+
+def test_renewals_keep_failing_until_expiry_then_lost() -> None:
+    driver = _Flaky(queue=f"down-{time.monotonic_ns()}")
+    queue = Queue(driver)
+    queue.create()
+    queue.send(b"x")
+    [lease] = queue.lease(1, duration=0.6)
+    driver.fail_renewals = 10_000
+    with leasekit.LeaseKeeper() as keeper:
+        keeper.add(lease)
+        assert lease.lost.wait(5)
+    with pytest.raises(errors.LeaseLost, match="kept failing"):
+        lease.check()
+
+
+def test_renewals_of_many_leases_are_batched(queue: Queue) -> None:
+    queue.send_many([b"%d" % i for i in range(300)])
+    leases = queue.lease(300, duration=0.5)
+    with leasekit.LeaseKeeper() as keeper:
+        for lease in leases:
+            keeper.add(lease)
+        deadline = time.monotonic() + 1.2
+        while time.monotonic() < deadline:
+            assert queue.lease(1, duration=5, wait=0.2) == []
+        for lease in leases:
+            lease.complete()
+    assert keeper.stats.renewed >= 300
+    assert keeper.stats.renew_calls < keeper.stats.renewed / 50
+
+
+def test_keeper_refuses_settled_leases_and_bad_settings(queue: Queue) -> None:
+    queue.send(b"x")
+    [lease] = queue.lease(1, duration=5)
+    lease.complete()
+    with leasekit.LeaseKeeper() as keeper, pytest.raises(errors.LeaseStateError):
+        keeper.add(lease)
+    for kwargs in ({"renew_at": 0}, {"renew_at": 1.5}, {"margin": -1}, {"workers": 0}):
+        with pytest.raises(errors.InvalidArgument):
+            leasekit.LeaseKeeper(**kwargs)  # type: ignore[arg-type]
+
+
+def test_fixed_lock_leases_are_kept_in_physical_steps() -> None:
+    driver = MemoryDriver(queue=f"fixed-{time.monotonic_ns()}")
+    driver.capabilities = driver.capabilities.replace(fixed_lease=0.4, min_lease=0.4, max_lease=0.4)
+    queue = Queue(driver)
+    queue.create()
+    queue.send(b"long job")
+    [lease] = queue.lease(1)
+    with leasekit.LeaseKeeper() as keeper, keeper.hold(lease):
+        deadline = time.monotonic() + 1.5  # almost four physical locks
+        while time.monotonic() < deadline:
+            assert queue.lease(1, wait=0.2) == []
+        lease.complete()
+    assert keeper.stats.renewed >= 3
