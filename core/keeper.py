@@ -302,6 +302,15 @@ class LeaseKeeper:
                 continue
             lateness.append(max(0.0, now - held.due))
             seconds = held.duration if held.duration is not None else held.lease.duration
+            caps = held.lease.queue.capabilities
+            if caps.max_total_lease is not None:
+                # Never ask for more than the backend's total cap since receive (SQS: 12 h).
+                allowance = caps.max_total_lease - (now - held.lease.received_at) - 1.0
+                allowance = int(allowance / caps.lease_resolution) * caps.lease_resolution
+                if allowance < caps.min_lease:
+                    self._release(held)
+                    continue
+                seconds = min(seconds, allowance)
             groups.setdefault((id(held.lease.queue), seconds), []).append(held)
         if len(lateness) > 200_000:
             del lateness[:100_000]
@@ -315,7 +324,10 @@ class LeaseKeeper:
                     return
 
     def _release(self, held: _Held) -> None:
-        """Stop renewing at max_lifetime: the message comes back when its lease runs out."""
+        """Stop renewing (max lifetime or the backend's total cap reached).
+
+        The message comes back to the queue when its physical lease runs out.
+        """
         with self._cond:
             if self._held.get(id(held.lease)) is held:
                 del self._held[id(held.lease)]
@@ -323,7 +335,8 @@ class LeaseKeeper:
             self.stats.released_at_max_lifetime += 1
             self.stats.held = len(self._held)
         _log.warning(
-            "stopped renewing message %r after its max lifetime; it returns to the queue",
+            "stopped renewing message %r (max lifetime or the backend's total lease cap); "
+            "it returns to the queue",
             held.lease.message.id,
         )
 

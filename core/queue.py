@@ -292,9 +292,13 @@ class Queue:
         if not self.capabilities.native_dead_letter:
             try:
                 poison = self._poison_driver(create=False)
-                self._call("delete poison queue", poison.delete_queue)
             except errors.UnsupportedOperation:
-                pass
+                return
+            try:
+                self._call("delete poison queue", poison.delete_queue)
+            finally:
+                if poison is not self._poison:
+                    poison.close()
 
     def close(self) -> None:
         """Release the backend's connections; further calls raise :class:`LeaseStateError`."""

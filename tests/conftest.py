@@ -10,6 +10,5 @@ end of the session.
 from pathlib import Path
 
 pytest_plugins = sorted(
-    f"_fixtures.{path.stem}"
-    for path in (Path(__file__).parent / "_fixtures").glob("[!_]*.py")
+    f"_fixtures.{path.stem}" for path in (Path(__file__).parent / "_fixtures").glob("[!_]*.py")
 )

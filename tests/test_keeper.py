@@ -167,3 +167,19 @@ def test_fixed_lock_leases_are_kept_in_physical_steps() -> None:
             assert queue.lease(1, wait=0.2) == []
         lease.complete()
     assert keeper.stats.renewed >= 3
+
+
+def test_keeper_never_renews_past_the_backends_total_cap() -> None:
+    driver = MemoryDriver(queue=f"capped-{time.monotonic_ns()}")
+    driver.capabilities = driver.capabilities.replace(max_total_lease=1.5)
+    queue = Queue(driver)
+    queue.create()
+    queue.send(b"x")
+    [lease] = queue.lease(1, duration=0.4)
+    with leasekit.LeaseKeeper() as keeper:
+        keeper.add(lease)
+        start = time.monotonic()
+        [again] = queue.lease(1, duration=5, wait=5)
+        assert 0.4 <= time.monotonic() - start <= 2.0
+        assert keeper.stats.released_at_max_lifetime == 1
+    again.complete()
