@@ -53,6 +53,53 @@ class ConsumerStats:
         return asdict(self)
 
 
+class _GroupCompleter:
+    """Completes leases from many handler threads in backend-sized batches (group commit).
+
+    The first thread to arrive leads: it waits up to ``window`` seconds for
+    others (or until ``size`` leases wait), completes them in one batch call
+    and hands each thread its own result. With one thread in flight it does not
+    wait at all.
+    """
+
+    def __init__(self, queue: Queue, size: int, window: float, in_flight: Callable[[], int]):
+        self.queue = queue
+        self.size = size
+        self.window = window
+        self.in_flight = in_flight
+        self.cond = threading.Condition()
+        self.waiting: list[Lease] = []
+        self.results: dict[int, errors.LeaseError | None] = {}
+        self.leading = False
+
+    def complete(self, lease: Lease) -> errors.LeaseError | None:
+        with self.cond:
+            self.waiting.append(lease)
+            self.cond.notify_all()
+            if self.leading:
+                while id(lease) not in self.results:
+                    self.cond.wait()
+                return self.results.pop(id(lease))
+            self.leading = True
+            deadline = time.monotonic() + self.window
+            while len(self.waiting) < min(self.size, self.in_flight()):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self.cond.wait(remaining)
+            batch, self.waiting = self.waiting[: self.size], self.waiting[self.size :]
+        try:
+            outcome = self.queue._settle_many(batch)
+        except errors.LeaseError as exc:
+            outcome = [exc] * len(batch)
+        with self.cond:
+            self.leading = False
+            for item, result in zip(batch, outcome, strict=True):
+                self.results[id(item)] = result
+            self.cond.notify_all()
+            return self.results.pop(id(lease))
+
+
 class Consumer:
     """Runs ``handler`` on every message of ``queue``, with leases kept alive by a keeper.
 
@@ -77,6 +124,10 @@ class Consumer:
         shutdown_grace: seconds in-flight handlers get to finish on stop.
         pass_lease: call the handler with the :class:`Lease` instead of the message.
         handle_signals: on ``run()`` in the main thread, SIGINT/SIGTERM stop gracefully.
+        batch_complete: complete handled messages in batches (group commit) where
+            the backend has a batch delete; ``None`` (default) turns it on when
+            ``concurrency > 1`` and the backend can batch.
+        batch_window: longest a completion waits for others to share its batch.
 
     Raises:
         InvalidArgument: a non-callable handler, concurrency < 1, max_deliveries < 1, ...
@@ -100,6 +151,8 @@ class Consumer:
         shutdown_grace: float = 30.0,
         pass_lease: bool = False,
         handle_signals: bool = True,
+        batch_complete: bool | None = None,
+        batch_window: float = 0.005,
     ) -> None:
         if not isinstance(queue, Queue):
             raise errors.InvalidArgument(f"queue must be a leasekit Queue, got {queue!r}")
@@ -143,6 +196,18 @@ class Consumer:
         self.shutdown_grace = shutdown_grace
         self.pass_lease = pass_lease
         self.handle_signals = handle_signals
+        can_batch = queue.capabilities.max_delete_batch > 1 and concurrency > 1
+        self.batch_complete = can_batch if batch_complete is None else batch_complete and can_batch
+        self._completer = (
+            _GroupCompleter(
+                queue,
+                min(queue.capabilities.max_delete_batch, concurrency),
+                batch_window,
+                lambda: len(self._started),
+            )
+            if self.batch_complete
+            else None
+        )
         self._keeper = keeper
         self._own_keeper = keeper is None
         self._stats = ConsumerStats()
@@ -297,7 +362,12 @@ class Consumer:
             if self.idempotency is not None:
                 self.idempotency.record(message.id)
             try:
-                lease.complete()
+                if self._completer is None:
+                    lease.complete()
+                else:
+                    failure = self._completer.complete(lease)
+                    if failure is not None:
+                        raise failure
             except errors.LeaseLost as exc:
                 self._count("stale_on_complete")
                 self.duration_policy.stale()

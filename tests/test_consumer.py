@@ -247,3 +247,36 @@ def test_worker_hooks_run_before_in_order_after_in_reverse_and_observer_errors_a
     stats = leasekit.Consumer(queue, lambda m: None).run(until_idle=True)
     assert stats.completed == 1
     assert log == ["before:a", "before:b", "after:b:completed", "after:a:completed"]
+
+
+def test_completions_are_grouped_into_batches(queue: Queue) -> None:
+    queue.send_many([b"%d" % i for i in range(200)])
+    calls: list[int] = []
+    real = queue.driver.delete_batch
+
+    def counting(receipts):  # type: ignore[no-untyped-def]
+        calls.append(len(receipts))
+        return real(receipts)
+
+    queue.driver.delete_batch = counting  # type: ignore[method-assign]
+    consumer = leasekit.Consumer(queue, lambda m: None, concurrency=8, lease_duration=30)
+    assert consumer.batch_complete
+    stats = consumer.run(until_idle=True)
+    assert stats.completed == 200 and queue.stats().visible == 0
+    assert calls and max(calls) > 1, "completions were never batched"
+
+
+def test_a_stale_receipt_in_a_batch_is_counted_not_raised(queue: Queue) -> None:
+    queue.send_many([b"a", b"b", b"c", b"d"])
+    lost_once: list[str] = []
+
+    def handler(lease: leasekit.Lease) -> None:
+        if not lost_once:
+            lost_once.append(lease.message.id)
+            lease._mark_lost(errors.LeaseLost("simulated: taken by another consumer"))
+
+    stats = leasekit.Consumer(
+        queue, handler, concurrency=4, lease_duration=30, pass_lease=True
+    ).run(until_idle=True)
+    assert stats.stale_on_complete == 1
+    assert stats.completed == 3
