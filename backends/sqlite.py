@@ -103,17 +103,21 @@ CREATE TABLE IF NOT EXISTS leasekit_dead_letters (
 CREATE INDEX IF NOT EXISTS leasekit_dead_letters_queue ON leasekit_dead_letters (queue, seq);
 """
 
+#: The messages a receive takes, in delivery order (then updated by seq, in
+#: the same transaction; RETURNING has no order, so the order comes from here).
+_PICK = """
+SELECT seq FROM leasekit_messages
+WHERE queue = :queue AND visible_at <= :now AND (expires_at IS NULL OR expires_at > :now)
+ORDER BY visible_at, seq
+LIMIT :limit
+"""
+
 _RECEIVE = """
 UPDATE leasekit_messages
-SET visible_at = :until,
+SET visible_at = ?,
     delivery_count = delivery_count + 1,
     receipt = CAST(seq AS TEXT) || '.' || lower(hex(randomblob(8)))
-WHERE seq IN (
-    SELECT seq FROM leasekit_messages
-    WHERE queue = :queue AND visible_at <= :now AND (expires_at IS NULL OR expires_at > :now)
-    ORDER BY visible_at, seq
-    LIMIT :limit
-)
+WHERE seq IN ({})
 RETURNING seq, id, body, properties, enqueued_at, delivery_count, receipt
 """
 
@@ -301,16 +305,20 @@ class SqliteDriver(Driver):
                 return []
             with self._write(conn):
                 self._exists(conn)
+                picked = [
+                    seq
+                    for (seq,) in conn.execute(
+                        _PICK, {"queue": self.queue, "now": now, "limit": max_messages}
+                    )
+                ]
+                if not picked:
+                    return []
                 rows = conn.execute(
-                    _RECEIVE,
-                    {
-                        "until": now + visibility,
-                        "queue": self.queue,
-                        "now": now,
-                        "limit": max_messages,
-                    },
+                    _RECEIVE.format(", ".join("?" * len(picked))), (now + visibility, *picked)
                 ).fetchall()
-        rows.sort(key=lambda r: r[0])
+        # Delivery order (visibility time, then send order), as the receive picked them.
+        position = {seq: i for i, seq in enumerate(picked)}
+        rows.sort(key=lambda r: position[r[0]])
         until = to_datetime(now + visibility)
         return [
             RawMessage(

@@ -228,8 +228,8 @@ class LeaseModel(RuleBasedStateMachine):
         got = self.queue.lease(count, duration=duration)
         seconds = DEFAULT_DURATION if duration is None else duration
         now = self.now()
-        # Which messages: the `count` visible ones first by visibility time, then send order.
-        assert sorted(lz.message.id for lz in got) == sorted(m.id for m in expected)
+        # Which messages, in which order: by visibility time, then send order.
+        assert [lz.message.id for lz in got] == [m.id for m in expected]
         by_id = {lz.message.id: lz for lz in got}
         handles = []
         for model in expected:
