@@ -9,7 +9,9 @@ URLs:
     (``azure-storage-queue://acct.queue.core.windows.net/jobs``, a custom domain).
     An endpoint on a loopback host speaks ``http``, any other ``https``;
     ``?protocol=http|https`` overrides. Other URL options: ``retry_total``,
-    ``connection_timeout``, ``read_timeout`` (seconds), ``api_version``.
+    ``connection_timeout``, ``read_timeout`` (seconds), ``api_version``,
+    ``max_connections`` (HTTP connections kept per host, SDK default 10: raise
+    it when more than 10 threads use one queue).
     Credentials are **keyword options only**, never in the URL (a URL carrying
     a user, password, key or SAS is refused)::
 
@@ -300,6 +302,25 @@ def _whole_seconds(seconds: float) -> int:
     return math.ceil(seconds - 1e-9)
 
 
+def _transport(max_connections: int, **timeouts: float) -> Any:
+    """The SDK's requests transport with a connection pool of ``max_connections`` per host."""
+    import requests
+    from azure.core.pipeline.transport import RequestsTransport
+    from requests.adapters import HTTPAdapter
+    from urllib3.util.retry import Retry
+
+    session = requests.Session()
+    # As azure-core's own adapter: requests must not retry (the SDK's policy does).
+    adapter = HTTPAdapter(
+        pool_connections=4,
+        pool_maxsize=max_connections,
+        max_retries=Retry(total=False, redirect=False, raise_on_status=False),
+    )
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return RequestsTransport(session=session, session_owner=True, **timeouts)
+
+
 def _is_loopback(host: str) -> bool:
     if host.lower() in _LOOPBACK:
         return True
@@ -334,6 +355,8 @@ class AzureStorageQueueDriver(Driver):
         credential: anything the SDK takes as a credential (with ``account_url``).
         service_client: a ready ``QueueServiceClient``; the driver uses it and does not close it.
         retry_total: the SDK's retry count for connection errors, 408 and 5xx (SDK default 3).
+        max_connections: HTTP connections kept open per host (SDK default 10); more
+            concurrent calls than this open and discard extra connections.
         connection_timeout: seconds to wait for a connection (SDK default 20).
         read_timeout: seconds to wait for a response (SDK default 60).
         api_version: the storage service API version (SDK default).
@@ -351,6 +374,7 @@ class AzureStorageQueueDriver(Driver):
         credential: Any = None,
         service_client: QueueServiceClient | None = None,
         retry_total: int | str | None = None,
+        max_connections: int | str | None = None,
         connection_timeout: float | str | None = None,
         read_timeout: float | str | None = None,
         api_version: str | None = None,
@@ -393,6 +417,13 @@ class AzureStorageQueueDriver(Driver):
             )
         if read_timeout is not None:
             kwargs["read_timeout"] = as_float(read_timeout, "read_timeout", minimum=0)
+        if max_connections is not None:
+            pool = as_int(max_connections, "max_connections", minimum=1)
+            # The timeouts belong to the transport when leasekit builds it.
+            timeouts = {
+                k: kwargs.pop(k) for k in ("connection_timeout", "read_timeout") if k in kwargs
+            }
+            kwargs["transport"] = _transport(pool, **timeouts)
         if api_version is not None:
             kwargs["api_version"] = api_version
 

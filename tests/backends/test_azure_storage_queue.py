@@ -602,3 +602,36 @@ def test_the_fixture_says_to_run_npm_ci_when_azurite_is_missing(
     monkeypatch.setattr(fixture, "AZURITE_QUEUE", tmp_path / "azurite-queue")
     with pytest.raises(FileNotFoundError, match="run `npm ci`"):
         fixture.azurite_argv(1234)
+
+
+def test_max_connections_keeps_every_connection_of_many_threads(
+    azurite: Azurite, queue_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+    import threading
+
+    q = leasekit.open(
+        SCHEME,
+        queue=queue_name,
+        connection_string=azurite.connection_string,
+        create=True,
+        max_connections=16,
+        connection_timeout=5,
+    )
+    with q:
+        q.send_many([b"%d" % i for i in range(32)])
+        start = threading.Barrier(16)
+
+        def work() -> None:
+            start.wait()
+            for lease in q.lease(2, duration=30):
+                lease.complete()
+
+        with caplog.at_level(logging.WARNING, logger="urllib3.connectionpool"):
+            threads = [threading.Thread(target=work) for _ in range(16)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        assert "Connection pool is full" not in caplog.text
+        q.delete()
