@@ -1,0 +1,1067 @@
+"""The Azure Service Bus backend, on ``azure-servicebus`` (>= 7.15): queues, PeekLock.
+
+URLs:
+    ``azure-service-bus://NAMESPACE.servicebus.windows.net/QUEUE`` (a bare
+    ``NAMESPACE`` gets ``.servicebus.windows.net`` added). Query options:
+    ``lock_duration`` (seconds, see Limits), ``max_message_size``, ``max_wait``,
+    ``retry_total``. Credentials are keyword options only and are refused in a URL:
+    ``connection_string=...`` (a namespace connection string, or one with
+    ``EntityPath``) or ``credential=...`` (an ``azure-identity`` credential, an
+    ``AzureNamedKeyCredential`` or ``AzureSasCredential``). Keyword form:
+    ``leasekit.open("azure-service-bus", queue="orders", connection_string=...)``;
+    with a connection string the namespace comes from its ``Endpoint``. The
+    connection string never appears in a repr, a log line or an error message.
+    Constructing the driver does no network I/O: one ``ServiceBusClient``, one
+    sender and one PeekLock receiver (``prefetch_count=0``) are made on first use
+    and reused; :meth:`ServiceBusDriver.close` closes all three, which stops the
+    SDK's keep-alive thread and closes the sockets.
+
+Delivery semantics:
+    At least once. A lease is a PeekLock receive: the message is locked for the
+    queue's **LockDuration**, a property of the entity that a receive cannot
+    choose. So the capabilities declare ``fixed_lease`` (= ``min_lease`` =
+    ``max_lease``, ``lease_on_receive=False``): core refuses any other physical
+    duration, and a longer hold is ``LeaseKeeper`` renewing the fixed lock in
+    steps. The driver learns the LockDuration from the ``lock_duration`` option
+    (default 60 s, the Service Bus default): capabilities must be known before
+    the first call. A lease's expiry is always the broker's ``locked_until`` (also
+    after renew), so a wrong option cannot make a lease look longer than it is;
+    a first receive whose lock differs from the option by more than a second is
+    logged as a warning. :meth:`ServiceBusDriver.create_queue` creates queues with
+    that LockDuration, and refuses (real Service Bus) an existing queue whose
+    LockDuration differs.
+
+    The receipt is the lock token (a UUID string). Renew is ``renew_message_lock``
+    (the token is unchanged, ``renew_rotates_receipt=False``); the keeper's batch
+    renew sends several tokens in one ``com.microsoft:renew-lock`` management call
+    (``max_renew_batch``), falling back to one call per token when one of them is
+    lost, so each lease gets its own result. Complete, abandon and dead-letter are
+    native settlements on the receive link that received the message (Service Bus
+    settles a message only there), so the driver keeps a map lock token →
+    (message, receiver) for the messages it holds; an entry leaves the map when it
+    is settled or a second after its lock ended. A settle or renew of a token not
+    in the map (completed, expired, or from another process) is ``LeaseLost``. An
+    abandon cannot be delayed (``max_abandon_delay=0``): the message is available
+    again at once, with its delivery count raised. ``delivery_count`` is 1 on first
+    delivery: Service Bus sends the number of *failed* deliveries in the AMQP
+    header and the Python SDK shows that raw value (0 first), so the driver adds 1
+    (the .NET and Java SDKs do the same). An expired lock is not usable even if
+    nobody re-received the message (the SDK refuses it before sending:
+    ``expired_receipt_usable=False``). Stale tokens are refused by the service
+    (``message-lock-lost``): ``detects_stale_receipts=True``.
+
+    Dead-letter is native (``native_dead_letter=True``): the message moves to
+    ``<queue>/$deadletterqueue`` with the reason as ``DeadLetterReason``; Service
+    Bus also moves it there itself after the queue's ``MaxDeliveryCount``
+    deliveries (reason ``MaxDeliveryCountExceeded``). ``peek_dead_letters`` peeks
+    the sub-queue (nothing is locked or changed).
+
+    Time-to-live: Service Bus does not expire a message while it is locked, and
+    renewing the lock past the TTL succeeds (documented: "the application might be
+    in possession of a message that has expired"); the message expires once its
+    lock ends. So, unlike DESIGN's rule 4, the TTL does not win over renew here.
+
+    Two SDK behaviours worth knowing: (1) a receive that times out leaves its link
+    credit outstanding, so a message sent afterwards is pushed to this idle
+    receiver and locked to it; the SDK releases it (no delivery-count increase)
+    when it next reads the socket outside a receive (its keep-alive, every 5 s), or
+    the next receive returns it. A message returned after its lock already ended is
+    dropped here (the service redelivers it). (2) The SDK is not thread-safe per
+    handler: receives are serialised, and settlements and renewals are serialised
+    on a second lock, so at most one receive and one settle/renew run at once (the
+    pattern the SDK's own ``AutoLockRenewer`` uses); a long receive never delays a
+    renewal.
+
+    Creating and deleting queues: real Service Bus manages entities over HTTPS
+    (``ServiceBusAdministrationClient``, needs Manage rights); a connection string
+    with ``UseDevelopmentEmulator=true`` uses the management operations of
+    leasekit's own emulator (``leasekit:create-queue`` / ``leasekit:delete-queue``,
+    sent with python-qpid-proton). Microsoft's Docker emulator serves neither and
+    the call fails; nothing is faked. On leasekit's emulator, creating an existing
+    queue sets its LockDuration again.
+
+Limits:
+    Lease = the queue's LockDuration exactly (Service Bus allows 5 s – 5 min;
+    leasekit's emulator also allows 1–4 s, for tests). 32 messages per receive
+    (``MAX_RECEIVE``), 100 tokens per renew call (``MAX_RENEW``), 100 messages per
+    send batch (split further by size), one settle per call. Bodies up to
+    ``max_message_size`` (the entity's maximum message size, default 262144 bytes =
+    Standard tier; Premium allows more) minus ``HEADER_ROOM`` (8192 bytes kept for
+    the AMQP header and properties). Send delay (scheduled enqueue) up to 30 days,
+    TTL up to 10 years (the queue's DefaultMessageTimeToLive caps it). Receives wait
+    at most ``max_wait`` seconds per call (default 1; core loops for longer waits).
+
+Raw types:
+    ``lease.raw`` is the SDK's ``azure.servicebus.ServiceBusReceivedMessage``; do
+    not settle it yourself. SDK errors are ``azure.servicebus.exceptions.*``
+    (subclasses of ``ServiceBusError``), ``azure.core.exceptions.*`` from the
+    administration client, or :class:`leasekit.spi.DriverError` for a token the
+    driver does not hold.
+
+Errors:
+    ``MessageLockLostError``, ``MessageAlreadySettled``, an unknown lock token, a
+    settle on a receiver the SDK shut down → ``LeaseLost``;
+    ``MessagingEntityNotFoundError`` (also a settle after the queue was deleted)
+    → ``QueueNotFound``; ``ServiceBusAuthenticationError`` /
+    ``ServiceBusAuthorizationError`` → ``AuthenticationFailed``;
+    ``ServiceBusConnectionError``, ``ServiceBusCommunicationError``,
+    ``OperationTimeoutError``, ``ServiceBusServerBusyError``,
+    ``ServiceBusQuotaExceededError``, ``MessagingEntityDisabledError`` →
+    ``BackendUnavailable``; ``MessageSizeExceededError`` → ``MessageTooLarge``.
+    The SDK retries transient errors itself (``retry_total``), so core does not
+    (``is_retryable`` is ``False``). The backend code kept on the leasekit error is
+    the SDK error's class name (``MessageLockLostError``...).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import importlib.util
+import logging
+import re
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from leasekit.capabilities import Capabilities
+from leasekit.clock import to_datetime
+from leasekit.errors import BackendNotInstalled, InvalidURL
+from leasekit.hookspecs import hookimpl
+from leasekit.options import as_float, as_int
+from leasekit.registry import BackendSpec
+from leasekit.spi import (
+    DeadLetter,
+    Driver,
+    DriverError,
+    ErrorCode,
+    OutgoingMessage,
+    ParsedURL,
+    RawMessage,
+    Visibility,
+)
+
+__all__ = ["HEADER_ROOM", "ServiceBusDriver"]
+
+_log = logging.getLogger("leasekit.backends.azure_service_bus")
+
+#: Messages per receive. Larger batches cost fewer calls, but every message's
+#: lock starts on delivery, so a big batch held by a slow worker needs renewals sooner.
+MAX_RECEIVE = 32
+#: Lock tokens per renew-lock management call (Service Bus documents no limit;
+#: 100 tokens is a 1.6 KB request and keeps one failed call cheap to redo per token).
+MAX_RENEW = 100
+#: Messages per send batch before the size split (the service caps a batch by bytes).
+MAX_SEND = 100
+#: Bytes of the entity's message size kept for the AMQP header, annotations and
+#: properties; more room means smaller bodies, less means large property sets fail.
+HEADER_ROOM = 8192
+#: Service Bus Standard's maximum message size (Premium entities allow more).
+DEFAULT_MAX_MESSAGE_SIZE = 262144
+#: The Service Bus default LockDuration (PT1M).
+DEFAULT_LOCK_DURATION = 60.0
+#: Longest lock Service Bus allows (PT5M).
+MAX_LOCK_DURATION = 300.0
+#: Default longest wait of one receive call; longer waits are core's loop. Short
+#: enough that close() and a stop are noticed quickly, long enough to cost few calls.
+DEFAULT_MAX_WAIT = 1.0
+#: One turn of a receive on the receiver's connection; a settle or renewal
+#: waits at most about this long (plus the SDK's 0.2 s batch top-up after a
+#: first message). Shorter turns cost more flow frames when idle.
+RECEIVE_SLICE = 0.1
+#: The receiver's socket read timeout (the SDK's ``socket_timeout``, 0.2 s by
+#: default): a receive turn cannot end sooner than one read, and each wake-up
+#: costs a little CPU while idle.
+SOCKET_TIMEOUT = 0.05
+#: The SDK refuses a zero wait; a "return at once" receive waits this long
+#: (a message already pushed to the link is returned within a millisecond).
+MIN_WAIT = 0.02
+#: A map entry stays this long after its lock ended, so a late settle gets the
+#: SDK's own lock-lost error, then it is dropped.
+FORGET_AFTER = 1.0
+#: Longest scheduled-enqueue delay and per-message TTL leasekit accepts.
+MAX_SEND_DELAY = 30 * 86400.0
+MAX_TTL = 10 * 365 * 86400.0
+#: Tolerated difference between the lock_duration option and the broker's lock.
+LOCK_SLACK = 1.0
+
+_QUEUE_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._/-]{0,258}[A-Za-z0-9])?$")
+_ADMIN_STATUS = re.compile(r"failed with (\d{3})")
+_SECRET_OPTIONS = frozenset(
+    {"connection_string", "credential", "shared_access_key", "shared_access_signature"}
+)
+
+#: Where Service Bus keeps the reason on a dead-lettered message (application
+#: properties); shown as ``DeadLetter.reason``, not repeated in its properties.
+_DEAD_LETTER_PROPERTIES = frozenset({"DeadLetterReason", "DeadLetterErrorDescription"})
+
+_LOST = frozenset({"MessageLockLostError", "MessageAlreadySettled", "SessionLockLostError"})
+_NOT_FOUND = frozenset({"MessagingEntityNotFoundError", "ResourceNotFoundError"})
+_EXISTS = frozenset({"MessagingEntityAlreadyExistsError", "ResourceExistsError"})
+_AUTH = frozenset(
+    {
+        "ServiceBusAuthenticationError",
+        "ServiceBusAuthorizationError",
+        "ClientAuthenticationError",
+        "CredentialUnavailableError",
+    }
+)
+_UNAVAILABLE = frozenset(
+    {
+        "ServiceBusConnectionError",
+        "ServiceBusCommunicationError",
+        "OperationTimeoutError",
+        "ServiceBusServerBusyError",
+        "ServiceBusQuotaExceededError",
+        "MessagingEntityDisabledError",
+        "ServiceRequestError",
+        "ServiceResponseError",
+        "ServiceRequestTimeoutError",
+        "ServiceResponseTimeoutError",
+    }
+)
+_TOO_LARGE = frozenset({"MessageSizeExceededError"})
+
+
+@hookimpl
+def leasekit_add_backends() -> list[BackendSpec]:
+    """Register ``azure-service-bus``."""
+    return [
+        BackendSpec(
+            name="azure-service-bus",
+            driver="leasekit.backends.azure_service_bus:ServiceBusDriver",
+            extra="azure-service-bus",
+            description="Azure Service Bus queues (PeekLock, fixed lock renewed, native DLQ)",
+        )
+    ]
+
+
+class _Secret:
+    """A connection string or credential, kept out of every repr."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return "<credentials hidden>"
+
+
+@dataclass
+class _Held:
+    """A message this driver holds the lock of, and the receiver that must settle it."""
+
+    message: Any
+    receiver: Any
+    locked_until: float
+
+
+class _Gate:
+    """Turns on the receiver's connection: one SDK call at a time, settles and renewals first.
+
+    The SDK holds its socket lock through each blocking read, so a settle or a
+    renewal running beside a receive waits for that read to time out, call after
+    call. Here they never overlap: a receive takes a short turn only when no
+    settle or renewal waits, and a waiting one goes next.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._busy = False
+        self._waiting = 0
+
+    @contextlib.contextmanager
+    def priority(self) -> Iterator[None]:
+        """Hold the connection for a settle or renewal (waits for a receive's turn to end)."""
+        with self._cond:
+            self._waiting += 1
+            try:
+                while self._busy:
+                    self._cond.wait()
+            finally:
+                self._waiting -= 1
+            self._busy = True
+        try:
+            yield
+        finally:
+            self._release()
+
+    def take_turn(self, timeout: float) -> bool:
+        """Hold the connection for one receive turn; ``False`` if none came within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._busy or self._waiting:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+            self._busy = True
+            return True
+
+    def _release(self) -> None:
+        with self._cond:
+            self._busy = False
+            self._cond.notify_all()
+
+    end_turn = _release
+
+
+def _parse_connection_string(text: str) -> dict[str, str]:
+    """The ``key=value;`` pairs of a connection string, keys lowercased."""
+    parts: dict[str, str] = {}
+    for item in text.split(";"):
+        key, sep, value = item.strip().partition("=")
+        if sep and key:
+            parts[key.strip().lower()] = value.strip()
+    return parts
+
+
+def _iso_seconds(seconds: float) -> str:
+    """An ISO 8601 duration (``PT2S``, ``PT0.5S``)."""
+    return f"PT{seconds:g}S"
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return value if isinstance(value, str) else str(value)
+
+
+def _body(message: Any) -> bytes:
+    """The body as bytes: data sections joined; another producer's value body as text."""
+    from azure.servicebus.amqp import AmqpMessageBodyType
+
+    kind = message.body_type
+    body = message.body
+    if kind == AmqpMessageBodyType.DATA:
+        return b"".join(bytes(part) for part in body)
+    if kind == AmqpMessageBodyType.VALUE:
+        if isinstance(body, bytes | bytearray):
+            return bytes(body)
+        if body is None:
+            return b""
+        return _text(body).encode("utf-8")
+    return repr(list(body)).encode("utf-8")
+
+
+def _properties(message: Any) -> dict[str, str]:
+    raw = message.application_properties or {}
+    return {_text(k): _text(v) for k, v in raw.items()}
+
+
+def _expirations(response: Any) -> list[float]:
+    """Seconds since the epoch from a renew-lock reply (``{"expirations": [ms, ...]}``)."""
+    values = None
+    if isinstance(response, Mapping):
+        values = response.get(b"expirations", response.get("expirations"))
+    if values is None:
+        raise DriverError(ErrorCode.UNKNOWN, "renew-lock reply without expirations")
+    return [float(ms) / 1000.0 for ms in values]
+
+
+class ServiceBusDriver(Driver):
+    """Driver for one Service Bus queue.
+
+    Parameters
+    ----------
+        queue: the queue name (from the connection string's ``EntityPath`` if ``None``).
+        connection_string: a Service Bus connection string (keyword only; never shown).
+        namespace: the fully qualified namespace (``NAME.servicebus.windows.net``),
+            with ``credential``; taken from the connection string otherwise.
+        credential: a token, named-key or SAS credential (keyword only).
+        lock_duration: the queue's LockDuration in seconds (default 60): every
+            lease is exactly this long.
+        max_message_size: the entity's maximum message size in bytes (262144 on Standard).
+        max_wait: longest wait of one receive call in seconds (core loops for longer).
+        retry_total: the SDK's retries per operation.
+    """
+
+    scheme = "azure-service-bus"
+
+    def __init__(
+        self,
+        queue: str | None = None,
+        *,
+        connection_string: str | None = None,
+        namespace: str | None = None,
+        credential: Any = None,
+        lock_duration: float | str = DEFAULT_LOCK_DURATION,
+        max_message_size: int | str = DEFAULT_MAX_MESSAGE_SIZE,
+        max_wait: float | str = DEFAULT_MAX_WAIT,
+        retry_total: int | str = 3,
+    ) -> None:
+        parts: dict[str, str] = {}
+        if connection_string is not None:
+            if not isinstance(connection_string, str) or "endpoint=" not in (
+                connection_string.lower()
+            ):
+                raise ValueError(
+                    "azure-service-bus: connection_string is not a Service Bus connection "
+                    "string (no Endpoint=...)"
+                )
+            parts = _parse_connection_string(connection_string)
+            if credential is not None:
+                raise ValueError(
+                    "azure-service-bus: give connection_string or credential, not both"
+                )
+        endpoint_host = ""
+        if parts:
+            endpoint = parts.get("endpoint", "")
+            endpoint_host = endpoint.split("://", 1)[-1].strip("/")
+        if namespace is not None:
+            namespace = namespace.strip().strip("/")
+            if "." not in namespace.split(":")[0]:
+                namespace += ".servicebus.windows.net"
+            if endpoint_host and endpoint_host.lower() != namespace.lower():
+                raise ValueError(
+                    f"azure-service-bus: namespace {namespace!r} differs from the connection "
+                    f"string's endpoint {endpoint_host!r}"
+                )
+        host = namespace or endpoint_host
+        if not host:
+            raise ValueError(
+                "azure-service-bus: give connection_string=..., or namespace=... with "
+                "credential=..."
+            )
+        if connection_string is None and credential is None:
+            raise ValueError(
+                "azure-service-bus: no credentials; pass connection_string=... or credential=... "
+                "(keyword options, never in the URL)"
+            )
+        name = queue or parts.get("entitypath")
+        if not isinstance(name, str) or not _QUEUE_NAME.match(name):
+            raise ValueError(
+                f"azure-service-bus: {name!r} is not a queue name (1-260 letters, digits, "
+                "'.', '-', '_' or '/', starting and ending with a letter or digit)"
+            )
+        if parts.get("entitypath") and parts["entitypath"] != name:
+            raise ValueError(
+                f"azure-service-bus: the connection string is for entity "
+                f"{parts['entitypath']!r}, not {name!r}"
+            )
+        lock = as_float(lock_duration, "lock_duration", minimum=0.001)
+        if lock > MAX_LOCK_DURATION:
+            raise ValueError(
+                f"azure-service-bus: lock_duration is at most {MAX_LOCK_DURATION:g} s, got {lock:g}"
+            )
+        size = as_int(max_message_size, "max_message_size", minimum=HEADER_ROOM + 1)
+        wait = as_float(max_wait, "max_wait", minimum=MIN_WAIT)
+        if importlib.util.find_spec("azure.servicebus") is None:
+            raise BackendNotInstalled(
+                "backend 'azure-service-bus' needs azure-servicebus; install it with: "
+                "pip install 'leasekit[azure-service-bus]'"
+            )
+        self.queue = name
+        self.namespace = host
+        self.lock_duration = lock
+        self.emulator = parts.get("usedevelopmentemulator", "").lower() == "true"
+        self._secret = _Secret(connection_string if connection_string is not None else credential)
+        self._uses_connection_string = connection_string is not None
+        self._retry_total = as_int(retry_total, "retry_total", minimum=0)
+        self._max_message_size = size
+        self._client: Any = None
+        self._sender: Any = None
+        self._receiver: Any = None
+        self._setup_lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._gate = _Gate()
+        self._held_lock = threading.Lock()
+        self._held: dict[str, _Held] = {}
+        self._checked_lock = False
+        self._entity_missing = False
+        self._closed = False
+        self.capabilities = Capabilities(
+            min_lease=lock,
+            max_lease=lock,
+            lease_resolution=1.0 if lock == int(lock) else 0.001,
+            lease_on_receive=False,
+            lease_set_after_receive=False,
+            fixed_lease=lock,
+            max_total_lease=None,
+            renew_rotates_receipt=False,
+            detects_stale_receipts=True,
+            expired_receipt_usable=False,
+            max_receive_batch=MAX_RECEIVE,
+            max_delete_batch=1,
+            max_renew_batch=MAX_RENEW,
+            max_send_batch=MAX_SEND,
+            max_message_size=size - HEADER_ROOM,
+            max_wait=wait,
+            max_abandon_delay=0.0,
+            max_send_delay=MAX_SEND_DELAY,
+            max_ttl=MAX_TTL,
+            supports_properties=True,
+            native_dead_letter=True,
+            delivery_count=True,
+            queue_stats=False,
+            inspect_dead_letters=True,
+        )
+
+    @classmethod
+    def options_from_url(cls, url: ParsedURL) -> dict[str, Any]:
+        """``azure-service-bus://NAMESPACE.servicebus.windows.net/QUEUE``; options as query."""
+        if url.username or url.password:
+            raise InvalidURL(
+                "azure-service-bus URLs take no credentials: pass connection_string=... or "
+                "credential=... as keyword options"
+            )
+        secret = sorted(set(url.query) & _SECRET_OPTIONS)
+        if secret:
+            raise InvalidURL(
+                f"azure-service-bus URLs take no credentials ({', '.join(secret)}): pass them "
+                "as keyword options"
+            )
+        allowed = {"lock_duration", "max_message_size", "max_wait", "retry_total"}
+        unknown = sorted(set(url.query) - allowed)
+        if unknown:
+            raise InvalidURL(
+                f"azure-service-bus: option(s) {', '.join(unknown)} cannot come from a URL"
+            )
+        options: dict[str, Any] = dict(url.query)
+        segments = [s for s in url.path.split("/") if s]
+        if segments:
+            options["queue"] = "/".join(segments)
+        if url.host:
+            options["namespace"] = f"{url.host}:{url.port}" if url.port else url.host
+        return options
+
+    def __repr__(self) -> str:
+        return (
+            f"<ServiceBusDriver queue={self.queue!r} namespace={self.namespace!r} "
+            f"lock_duration={self.lock_duration:g}>"
+        )
+
+    # ------------------------------------------------------------- connection
+
+    def _get_client(self) -> Any:
+        if self._client is not None:
+            return self._client
+        from azure.servicebus import ServiceBusClient
+
+        if self._closed:
+            raise DriverError(ErrorCode.UNKNOWN, "azure-service-bus: the driver is closed")
+        if self._uses_connection_string:
+            self._client = ServiceBusClient.from_connection_string(
+                self._secret.value, retry_total=self._retry_total
+            )
+        else:
+            self._client = ServiceBusClient(
+                self.namespace, self._secret.value, retry_total=self._retry_total
+            )
+        return self._client
+
+    def _get_sender(self) -> Any:
+        sender = self._sender
+        if sender is not None:
+            return sender
+        with self._setup_lock:
+            if self._sender is None:
+                # keep_alive=0: no keep-alive thread for the sender (an idle link
+                # the service detaches is re-opened by the SDK on the next send).
+                sender = self._get_client().get_queue_sender(self.queue, keep_alive=0)
+                sender.__enter__()  # open the link now, not inside a send's budget
+                self._sender = sender
+            return self._sender
+
+    def _get_receiver(self) -> Any:
+        with self._setup_lock:
+            receiver = self._receiver
+            if receiver is None:
+                from azure.servicebus import ServiceBusReceiveMode
+
+                # prefetch 0: the broker locks only what a receive asked for.
+                receiver = self._get_client().get_queue_receiver(
+                    self.queue,
+                    receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
+                    prefetch_count=0,
+                    socket_timeout=SOCKET_TIMEOUT,
+                )
+                self._receiver = receiver
+        # Opens the link (or re-opens it after the SDK shut it down on an error)
+        # outside a receive's wait budget; a no-op while it is open.
+        receiver.__enter__()
+        return receiver
+
+    # --------------------------------------------------------------- messages
+
+    def _outgoing(self, message: OutgoingMessage) -> Any:
+        from azure.servicebus import ServiceBusMessage
+
+        kwargs: dict[str, Any] = {"message_id": str(uuid.uuid4())}
+        if message.properties:
+            kwargs["application_properties"] = dict(message.properties)
+        if message.ttl is not None:
+            kwargs["time_to_live"] = datetime.timedelta(seconds=message.ttl)
+        if message.delay > 0:
+            kwargs["scheduled_enqueue_time_utc"] = datetime.datetime.now(
+                datetime.UTC
+            ) + datetime.timedelta(seconds=message.delay)
+        return ServiceBusMessage(message.body, **kwargs)
+
+    def send(self, message: OutgoingMessage) -> str:
+        """``send_messages`` of one message with a fresh message id; returns the id."""
+        outgoing = self._outgoing(message)
+        with self._send_lock:
+            self._get_sender().send_messages(outgoing)
+        self._entity_missing = False
+        return str(outgoing.message_id)
+
+    def send_batch(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
+        """``ServiceBusMessageBatch`` sends, split where the batch would pass the size limit.
+
+        A message refused on its own (too large) gets its error; the ones after it
+        are not sent (like core's ``send_many``).
+        """
+        from azure.servicebus.exceptions import MessageSizeExceededError
+
+        outgoing = [self._outgoing(m) for m in messages]
+        results: list[str | BaseException] = [
+            DriverError(ErrorCode.UNKNOWN, "not sent: an earlier message in the batch failed")
+        ] * len(outgoing)
+        with self._send_lock:
+            sender = self._get_sender()
+            batch = sender.create_message_batch()
+            pending: list[int] = []
+            for index, message in enumerate(outgoing):
+                try:
+                    batch.add_message(message)
+                except MessageSizeExceededError as exc:
+                    if pending:
+                        self._send_pending(sender, batch, pending, outgoing, results)
+                        batch, pending = sender.create_message_batch(), []
+                        try:
+                            batch.add_message(message)
+                        except MessageSizeExceededError as again:
+                            results[index] = again
+                            break
+                    else:
+                        results[index] = exc
+                        break
+                pending.append(index)
+            if pending:
+                self._send_pending(sender, batch, pending, outgoing, results)
+        self._entity_missing = False
+        return results
+
+    @staticmethod
+    def _send_pending(
+        sender: Any,
+        batch: Any,
+        pending: list[int],
+        outgoing: list[Any],
+        results: list[str | BaseException],
+    ) -> None:
+        sender.send_messages(batch)
+        for i in pending:
+            results[i] = str(outgoing[i].message_id)
+
+    def receive(self, max_messages: int, visibility: float, wait: float) -> list[RawMessage]:
+        """PeekLock ``receive_messages``: up to ``max_messages``, waiting up to ``wait`` s.
+
+        ``visibility`` is always the queue's lock duration (core refuses others).
+        """
+        deadline = time.monotonic() + wait
+        while True:
+            remaining = deadline - time.monotonic()
+            # Receives share one link, so they take turns in short slices: each
+            # call still returns within its own wait, however many threads lease.
+            if not self._gate.take_turn(max(remaining, 0.0)):
+                return []
+            try:
+                receiver = self._get_receiver()
+                messages = receiver.receive_messages(
+                    max_message_count=max_messages,
+                    max_wait_time=min(max(remaining, MIN_WAIT), RECEIVE_SLICE),
+                )
+            finally:
+                self._gate.end_turn()
+            self._entity_missing = False
+            raws = self._hold(receiver, messages)
+            if raws or time.monotonic() >= deadline:
+                break
+        self._check_lock_duration(raws)
+        return raws
+
+    def _hold(self, receiver: Any, messages: Sequence[Any]) -> list[RawMessage]:
+        """Record the received messages in the token map; drop those whose lock already ended."""
+        now = time.time()
+        raws: list[RawMessage] = []
+        with self._held_lock:
+            self._forget_expired(now)
+            for message in messages:
+                until = message.locked_until_utc
+                locked_until = until.timestamp() if until is not None else now
+                if locked_until <= now:
+                    # Pushed to the idle link after a timed-out receive and read
+                    # only now: its lock is gone, the service redelivers it.
+                    _log.debug("dropping message %r: its lock ended", message.message_id)
+                    continue
+                token = str(message.lock_token)
+                self._held[token] = _Held(message, receiver, locked_until)
+                raws.append(self._raw(message, token, locked_until))
+        return raws
+
+    def _check_lock_duration(self, raws: list[RawMessage]) -> None:
+        if not raws or self._checked_lock:
+            return
+        self._checked_lock = True
+        # The first lock seen tells whether lock_duration matches the queue.
+        # A lock shorter than declared by more than the slack (network time,
+        # clock skew) means the keeper would renew too late.
+        actual = raws[0].visible_until.timestamp() - time.time()
+        if abs(actual - self.lock_duration) > LOCK_SLACK:
+            _log.warning(
+                "queue %r locks messages for about %.1f s but lock_duration=%g; "
+                "open it with lock_duration equal to the queue's LockDuration",
+                self.queue,
+                actual,
+                self.lock_duration,
+            )
+
+    def _raw(self, message: Any, token: str, locked_until: float) -> RawMessage:
+        enqueued = message.enqueued_time_utc
+        return RawMessage(
+            id=str(message.message_id if message.message_id is not None else token),
+            body=_body(message),
+            receipt=token,
+            delivery_count=int(message.delivery_count or 0) + 1,
+            enqueued_at=enqueued if enqueued is not None else to_datetime(time.time()),
+            visible_until=to_datetime(locked_until),
+            properties=_properties(message),
+            raw=message,
+        )
+
+    def _forget_expired(self, now: float) -> None:
+        """Drop map entries whose lock ended over a second ago (``_held_lock`` held)."""
+        stale = [t for t, h in self._held.items() if h.locked_until + FORGET_AFTER < now]
+        for token in stale:
+            del self._held[token]
+
+    def _lookup(self, receipt: str) -> _Held:
+        if self._entity_missing:
+            # The queue was deleted (by this driver, or a settle found it gone):
+            # every lock went with it, and that is QueueNotFound, not LeaseLost.
+            raise DriverError(
+                ErrorCode.QUEUE_NOT_FOUND,
+                f"azure-service-bus: queue {self.queue!r} does not exist (deleted)",
+                backend_code="MessagingEntityNotFoundError",
+            )
+        with self._held_lock:
+            held = self._held.get(receipt)
+        if held is None:
+            raise DriverError(
+                ErrorCode.LEASE_LOST,
+                "azure-service-bus: this driver holds no lock with that token (settled, "
+                "expired, or received elsewhere)",
+                backend_code="MessageLockLostError",
+            )
+        return held
+
+    def _forget(self, receipt: str) -> None:
+        with self._held_lock:
+            self._held.pop(receipt, None)
+
+    def _settle(self, receipt: str, action: str, **kwargs: Any) -> None:
+        """Complete/abandon/dead-letter on the receiving link; forget the token when done."""
+        held = self._lookup(receipt)
+        try:
+            with self._gate.priority():
+                getattr(held.receiver, action)(held.message, **kwargs)
+        except Exception as exc:
+            code = self._settle_error(exc)
+            if (code or self.error_code(exc)) is ErrorCode.LEASE_LOST:
+                self._forget(receipt)
+            if code is not None:
+                raise DriverError(
+                    code, f"azure-service-bus: {exc}", backend_code=self.backend_code(exc)
+                ) from exc
+            raise
+        self._forget(receipt)
+
+    def _settle_error(self, exc: BaseException) -> ErrorCode | None:
+        """A translated code for SDK errors that are not themselves telling, else ``None``."""
+        if isinstance(exc, ValueError) and "shutdown" in str(exc):
+            # The SDK shut the receiver down after an error: this lock can no
+            # longer be settled. If that error was a missing entity, say so.
+            return ErrorCode.QUEUE_NOT_FOUND if self._entity_missing else ErrorCode.LEASE_LOST
+        if self.error_code(exc) is ErrorCode.QUEUE_NOT_FOUND:
+            self._entity_missing = True
+        return None
+
+    def change_visibility(self, receipt: str, seconds: float) -> Visibility:
+        """``renew_message_lock``: the lock runs for the queue's LockDuration from now."""
+        held = self._lookup(receipt)
+        try:
+            with self._gate.priority():
+                until = held.receiver.renew_message_lock(held.message)
+        except Exception as exc:
+            code = self._settle_error(exc)
+            if (code or self.error_code(exc)) is ErrorCode.LEASE_LOST:
+                self._forget(receipt)
+            if code is not None:
+                raise DriverError(
+                    code, f"azure-service-bus: {exc}", backend_code=self.backend_code(exc)
+                ) from exc
+            raise
+        held.locked_until = until.timestamp()
+        return Visibility(receipt, to_datetime(held.locked_until))
+
+    def change_visibility_batch(
+        self, receipts: Sequence[str], seconds: float
+    ) -> list[Visibility | BaseException]:
+        """One renew-lock management call for all tokens; per token if one of them is lost."""
+        results: list[Visibility | BaseException | None] = [None] * len(receipts)
+        groups: dict[int, list[tuple[int, _Held]]] = {}
+        for index, receipt in enumerate(receipts):
+            try:
+                held = self._lookup(receipt)
+            except DriverError as exc:
+                results[index] = exc
+                continue
+            groups.setdefault(id(held.receiver), []).append((index, held))
+        for group in groups.values():
+            receiver = group[0][1].receiver
+            renew_many = getattr(receiver, "_renew_locks", None)
+            if renew_many is None or len(group) == 1:
+                self._renew_each(receipts, group, results)
+                continue
+            try:
+                with self._gate.priority():
+                    response = renew_many(*[str(h.message.lock_token) for _, h in group])
+                expirations = _expirations(response)
+            except Exception as exc:
+                if self.error_code(exc) is ErrorCode.LEASE_LOST or (
+                    isinstance(exc, ValueError) and "shutdown" in str(exc)
+                ):
+                    # One lost token fails the whole call: find out which, one by one.
+                    self._renew_each(receipts, group, results)
+                    continue
+                self._settle_error(exc)
+                for index, _ in group:
+                    results[index] = exc
+                continue
+            for (index, held), expiry in zip(group, expirations, strict=True):
+                # Keep the SDK's client-side lock check in step with the broker.
+                held.message._expiry = to_datetime(expiry)
+                held.locked_until = expiry
+                results[index] = Visibility(receipts[index], to_datetime(expiry))
+        return [
+            r if r is not None else DriverError(ErrorCode.UNKNOWN, "no result") for r in results
+        ]
+
+    def _renew_each(
+        self,
+        receipts: Sequence[str],
+        group: list[tuple[int, _Held]],
+        results: list[Visibility | BaseException | None],
+    ) -> None:
+        for index, _ in group:
+            try:
+                results[index] = self.change_visibility(receipts[index], self.lock_duration)
+            except Exception as exc:
+                results[index] = exc
+
+    def delete(self, receipt: str) -> None:
+        """``complete_message`` on the receiver that received it."""
+        self._settle(receipt, "complete_message")
+
+    def abandon(self, receipt: str, delay: float) -> None:
+        """``abandon_message``: available again at once (``delay`` is always 0, core checks)."""
+        self._settle(receipt, "abandon_message")
+
+    def dead_letter(self, receipt: str, reason: str, message: RawMessage) -> None:
+        """``dead_letter_message`` with ``reason`` as the DeadLetterReason."""
+        self._settle(receipt, "dead_letter_message", reason=reason)
+
+    def dead_letters(self, limit: int) -> list[DeadLetter]:
+        """Peek up to ``limit`` messages of ``<queue>/$deadletterqueue`` (nothing is locked)."""
+        from azure.servicebus import ServiceBusSubQueue
+
+        # prefetch 1 and keep_alive 0: a peek needs no PeekLock link, and then the
+        # SDK starts no keep-alive thread (closing it is instant).
+        with self._setup_lock:
+            client = self._get_client()
+        receiver = client.get_queue_receiver(
+            self.queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER, prefetch_count=1, keep_alive=0
+        )
+        letters: list[DeadLetter] = []
+        with receiver:
+            while len(letters) < limit:
+                peeked = receiver.peek_messages(max_message_count=limit - len(letters))
+                if not peeked:
+                    break
+                for message in peeked:
+                    letters.append(
+                        DeadLetter(
+                            id=str(message.message_id),
+                            body=_body(message),
+                            reason=message.dead_letter_reason,
+                            delivery_count=int(message.delivery_count or 0) + 1,
+                            properties={
+                                k: v
+                                for k, v in _properties(message).items()
+                                if k not in _DEAD_LETTER_PROPERTIES
+                            },
+                        )
+                    )
+        return letters[:limit]
+
+    # ------------------------------------------------------------------ admin
+
+    def create_queue(self) -> None:
+        """Create the queue with LockDuration = ``lock_duration``; an existing one is fine.
+
+        Real Service Bus: ``ServiceBusAdministrationClient.create_queue``; an existing
+        queue with another LockDuration is refused (its leases would not match the
+        capabilities). ``UseDevelopmentEmulator=true``: leasekit's emulator operation.
+        """
+        if self.emulator:
+            self._emulator_admin("create")
+            self._entity_missing = False
+            return
+        from azure.core.exceptions import ResourceExistsError
+
+        with self._admin_client() as admin:
+            try:
+                admin.create_queue(
+                    self.queue, lock_duration=datetime.timedelta(seconds=self.lock_duration)
+                )
+            except ResourceExistsError:
+                existing = admin.get_queue(self.queue).lock_duration
+                seconds = existing.total_seconds() if existing is not None else None
+                if seconds is not None and abs(seconds - self.lock_duration) > 1e-3:
+                    raise DriverError(
+                        ErrorCode.INVALID_ARGUMENT,
+                        f"azure-service-bus: queue {self.queue!r} exists with LockDuration "
+                        f"{seconds:g} s; open it with lock_duration={seconds:g}",
+                    ) from None
+        self._entity_missing = False
+
+    def delete_queue(self) -> None:
+        """Delete the queue and its messages; a missing queue is fine."""
+        if self.emulator:
+            self._emulator_admin("delete")
+        else:
+            from azure.core.exceptions import ResourceNotFoundError
+
+            with self._admin_client() as admin, contextlib.suppress(ResourceNotFoundError):
+                admin.delete_queue(self.queue)
+        with self._held_lock:
+            self._held.clear()
+        self._entity_missing = True
+
+    def _admin_client(self) -> Any:
+        from azure.servicebus.management import ServiceBusAdministrationClient
+
+        if self._uses_connection_string:
+            return ServiceBusAdministrationClient.from_connection_string(self._secret.value)
+        return ServiceBusAdministrationClient(self.namespace, self._secret.value)
+
+    def _emulator_admin(self, action: str) -> None:
+        if importlib.util.find_spec("proton") is None:
+            raise DriverError(
+                ErrorCode.UNSUPPORTED,
+                "azure-service-bus: creating or deleting a queue on leasekit's emulator "
+                "needs python-qpid-proton (pip install python-qpid-proton)",
+            )
+        from leasekit.emulators.servicebus import admin
+
+        host, _, port = self.namespace.rpartition(":")
+        if not host or not port.isdigit():
+            host, port = self.namespace, "5672"
+        try:
+            if action == "create":
+                admin.create_queue(
+                    host, int(port), self.queue, {"LockDuration": _iso_seconds(self.lock_duration)}
+                )
+            else:
+                admin.delete_queue(host, int(port), self.queue)
+        except admin.AdminError as exc:
+            status = _ADMIN_STATUS.search(str(exc))
+            if action == "delete" and status and status.group(1) == "404":
+                return
+            raise DriverError(
+                ErrorCode.UNKNOWN if not status else self._admin_code(int(status.group(1))),
+                f"azure-service-bus: the emulator refused: {exc}",
+                backend_code=status.group(1) if status else None,
+            ) from exc
+        except OSError as exc:
+            raise DriverError(
+                ErrorCode.UNAVAILABLE, f"azure-service-bus: the emulator is unreachable: {exc}"
+            ) from exc
+
+    @staticmethod
+    def _admin_code(status: int) -> ErrorCode:
+        if status == 404:
+            return ErrorCode.QUEUE_NOT_FOUND
+        if status in (401, 403):
+            return ErrorCode.UNAUTHENTICATED
+        if status == 400:
+            return ErrorCode.INVALID_ARGUMENT
+        if status == 501:
+            return ErrorCode.UNSUPPORTED
+        if status >= 500:
+            return ErrorCode.UNAVAILABLE
+        return ErrorCode.UNKNOWN
+
+    # ----------------------------------------------------------------- errors
+
+    def error_code(self, exc: BaseException) -> ErrorCode:
+        """Classify an SDK error by its class (the SDK's exceptions name what happened)."""
+        if isinstance(exc, DriverError):
+            return exc.code
+        names = {cls.__name__ for cls in type(exc).__mro__}
+        if names & _LOST:
+            return ErrorCode.LEASE_LOST
+        if names & _NOT_FOUND:
+            return ErrorCode.QUEUE_NOT_FOUND
+        if names & _AUTH:
+            return ErrorCode.UNAUTHENTICATED
+        if names & _TOO_LARGE:
+            return ErrorCode.TOO_LARGE
+        if names & _EXISTS:
+            return ErrorCode.QUEUE_EXISTS
+        if names & _UNAVAILABLE:
+            return ErrorCode.UNAVAILABLE
+        if "HttpResponseError" in names:
+            status = getattr(exc, "status_code", None)
+            if status in (401, 403):
+                return ErrorCode.UNAUTHENTICATED
+            if status == 429 or (isinstance(status, int) and status >= 500):
+                return ErrorCode.UNAVAILABLE
+        return ErrorCode.UNKNOWN
+
+    def backend_code(self, exc: BaseException) -> str | None:
+        """The SDK error's class name (``MessageLockLostError``...)."""
+        if isinstance(exc, DriverError):
+            return exc.backend_code
+        module = type(exc).__module__
+        if module.startswith(("azure.servicebus", "azure.core")):
+            return type(exc).__name__
+        return None
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        """Never: the SDK retries transient errors itself (``retry_total``)."""
+        return False
+
+    def close(self) -> None:
+        """Close the receiver, the sender and the client (threads and sockets end)."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._gate.priority(), self._send_lock, self._setup_lock:
+            handlers = [self._receiver, self._sender, self._client]
+            self._receiver = self._sender = self._client = None
+            with self._held_lock:
+                self._held.clear()
+        for handler in handlers:
+            if handler is None:
+                continue
+            try:
+                handler.close()
+            except Exception:  # closing must not raise; the socket is gone either way
+                _log.debug("closing %r failed", type(handler).__name__, exc_info=True)

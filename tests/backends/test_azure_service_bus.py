@@ -1,0 +1,388 @@
+"""The Azure Service Bus backend on leasekit's AMQP 1.0 emulator, plus error-mapping unit tests.
+
+Everything except the error-mapping unit tests at the end drives the real
+``azure-servicebus`` SDK against the emulator (the session fixture
+``servicebus_server``). Queues are made with a 2 s LockDuration (the emulator
+allows less than Service Bus' 5 s minimum) so expiry and keeper tests are fast.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import leasekit
+from leasekit import (
+    InvalidLeaseDuration,
+    InvalidURL,
+    LeaseKeeper,
+    LeaseLost,
+    QueueNotFound,
+    UnsupportedOperation,
+)
+from leasekit.conformance import ConformanceSuite, UrlHarness, conformance_property
+from leasekit.queue import Queue
+
+pytest.importorskip("azure.servicebus")
+pytest.importorskip("proton", reason="the Service Bus emulator needs python-qpid-proton")
+
+from leasekit.backends.azure_service_bus import ServiceBusDriver
+
+#: The LockDuration of every test queue: short so expiry tests are fast, long
+#: enough that a test step on a loaded 2-core machine fits inside one lock.
+LOCK = 2.0
+
+
+def _open(server: Any, name: str | None = None, *, create: bool = True, **options: Any) -> Queue:
+    return leasekit.open(
+        "azure-service-bus",
+        queue=name or server.queue_name("t"),
+        create=create,
+        connection_string=server.connection_string,
+        lock_duration=options.pop("lock_duration", LOCK),
+        **options,
+    )
+
+
+class TestServiceBusConformance(ConformanceSuite):
+    @pytest.fixture(scope="class")
+    @classmethod
+    def harness(cls, servicebus_server: Any) -> Iterator[UrlHarness]:
+        harness = UrlHarness(
+            "azure-service-bus",
+            connection_string=servicebus_server.connection_string,
+            lock_duration=LOCK,
+        )
+        yield harness
+        harness.close()
+
+    @conformance_property("renew")
+    def test_renew_keeps_message_invisible_past_the_first_expiry(
+        self, queue: Queue, short: float, long: float
+    ) -> None:
+        # Replaces the suite's version, which renews right after the receive and
+        # then expects the message hidden until 1 s past the first expiry: with a
+        # fixed lock, a renew at once ends only milliseconds after the first lock,
+        # so the message rightly comes back then. Here the renew comes half-way
+        # through the lock, and the message must stay hidden until half-way
+        # through the renewed one, past the first expiry. Drop this override once
+        # the suite renews later for fixed-lease backends.
+        queue.send(b"renewed")
+        lease = queue.lease(1, duration=short, wait=5)[0]
+        first_expiry = lease.expires_at.timestamp()
+        half = first_expiry - short / 2
+        while time.time() < half:
+            assert queue.lease(1, duration=long, wait=0.2) == []
+        lease.renew()
+        assert lease.expires_at.timestamp() >= first_expiry + short / 2 - 0.1
+        deadline = first_expiry + short / 4
+        assert deadline > first_expiry
+        while time.time() < deadline:
+            assert queue.lease(1, duration=long, wait=0.2) == [], "renewed lease lapsed"
+        lease.complete()
+
+    @conformance_property("time-to-live wins over renew")
+    def test_message_time_to_live_wins_over_renew(self, queue: Queue, long: float) -> None:
+        pytest.skip(
+            "Service Bus does not expire a locked message and lets its lock be renewed past "
+            "the TTL (documented; the emulator does the same); the capabilities cannot say "
+            "so yet, see test_locked_message_outlives_its_ttl"
+        )
+
+
+# ------------------------------------------------------------------ helpers
+
+
+@pytest.fixture
+def queue(servicebus_server: Any) -> Iterator[Queue]:
+    q = _open(servicebus_server)
+    try:
+        yield q
+    finally:
+        q.delete()
+        q.close()
+
+
+def _driver(q: Queue) -> ServiceBusDriver:
+    driver = q.driver
+    assert isinstance(driver, ServiceBusDriver)
+    return driver
+
+
+def _lease(q: Queue, wait: float = 5.0) -> leasekit.Lease:
+    leases = q.lease(1, wait=wait)
+    assert leases, "expected a message"
+    return leases[0]
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+class Spy:
+    """Wraps one method of a real SDK object and records each call's arguments."""
+
+    def __init__(self, target: Any, name: str) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        real = getattr(target, name)
+
+        def spy(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(args)
+            return real(*args, **kwargs)
+
+        setattr(target, name, spy)
+
+
+# ------------------------------------------------------- URLs and options
+
+
+def test_url_names_namespace_and_queue_without_any_network() -> None:
+    q = leasekit.open(
+        "azure-service-bus://contoso.servicebus.windows.net/orders?lock_duration=30",
+        credential=object(),
+    )
+    driver = _driver(q)
+    assert (driver.namespace, driver.queue, driver.lock_duration) == (
+        "contoso.servicebus.windows.net",
+        "orders",
+        30.0,
+    )
+    assert driver._client is None  # nothing opened
+    caps = q.capabilities
+    assert (caps.fixed_lease, caps.min_lease, caps.max_lease) == (30.0, 30.0, 30.0)
+    assert not caps.lease_on_receive and caps.max_abandon_delay == 0
+    assert q.default_lease_duration == 30.0
+    q.close()
+    bare = leasekit.open("azure-service-bus://contoso/orders", credential=object())
+    assert _driver(bare).namespace == "contoso.servicebus.windows.net"
+    assert _driver(bare).lock_duration == 60.0  # the Service Bus default
+    bare.close()
+
+
+def test_credentials_are_refused_in_urls_and_never_shown(servicebus_server: Any) -> None:
+    secret = (
+        "Endpoint=sb://x.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=TOPSECRET"
+    )
+    with pytest.raises(InvalidURL) as refused:
+        leasekit.open("azure-service-bus://x.servicebus.windows.net/q?connection_string=abc")
+    assert "abc" not in str(refused.value)
+    with pytest.raises(InvalidURL):
+        leasekit.open("azure-service-bus://user:pw@x.servicebus.windows.net/q")
+    q = leasekit.open("azure-service-bus", queue="orders", connection_string=secret)
+    assert "TOPSECRET" not in repr(q) and "TOPSECRET" not in repr(q.driver)
+    assert "TOPSECRET" not in repr(vars(q.driver))
+    q.close()
+    with pytest.raises(InvalidURL) as wrong:
+        leasekit.open("azure-service-bus", queue="bad name!", connection_string=secret)
+    assert "TOPSECRET" not in str(wrong.value)
+    with pytest.raises(InvalidURL) as mismatch:
+        leasekit.open(
+            "azure-service-bus://other.servicebus.windows.net/q", connection_string=secret
+        )
+    assert "TOPSECRET" not in str(mismatch.value)
+    with pytest.raises(InvalidURL):
+        leasekit.open("azure-service-bus", queue="q")  # no credentials at all
+    with pytest.raises(InvalidURL):
+        leasekit.open("azure-service-bus", queue="q", connection_string=secret, lock_duration=301)
+
+
+def test_other_lease_durations_are_refused_before_any_call(queue: Queue) -> None:
+    sent = _driver(queue)._client
+    with pytest.raises(InvalidLeaseDuration, match="LeaseKeeper"):
+        queue.lease(1, duration=30)
+    with pytest.raises(UnsupportedOperation):
+        queue.send(b"x")
+        _lease(queue).abandon(delay=5)
+    assert sent is None or sent is _driver(queue)._client
+
+
+# ------------------------------------------------------------ semantics
+
+
+def test_delivery_count_properties_and_ids_round_trip(queue: Queue) -> None:
+    message_id = queue.send(b"\x00\xff", properties={"k": "v", "ü": "ñ"})
+    lease = _lease(queue)
+    assert lease.message.id == message_id and lease.message.delivery_count == 1
+    assert dict(lease.message.properties) == {"k": "v", "ü": "ñ"}
+    assert lease.raw.lock_token is not None and str(lease.raw.lock_token) == lease.receipt
+    assert abs(lease.expires_at.timestamp() - (time.time() + LOCK)) < 1.0
+    lease.abandon()
+    again = _lease(queue)
+    assert again.receipt != lease.receipt and again.message.delivery_count == 2
+    again.complete()
+
+
+def test_batch_renew_is_one_management_call_and_maps_each_token(queue: Queue) -> None:
+    queue.send_many([b"1", b"2", b"3"])
+    leases: list[leasekit.Lease] = []
+    while len(leases) < 3:
+        leases.extend(queue.lease(3 - len(leases), wait=5))
+    receiver = _driver(queue)._receiver
+    spy = Spy(receiver, "_renew_locks")
+    before = [lz.expires_at for lz in leases]
+    assert queue._renew_many(leases, LOCK) == [None, None, None]
+    assert len(spy.calls) == 1 and len(spy.calls[0]) == 3
+    assert all(lz.expires_at >= b for lz, b in zip(leases, before, strict=True))
+    # One lost token fails Service Bus's whole call: the driver retries per token.
+    leases[1].complete()
+    twin = leasekit.Lease(
+        queue, leases[1].message, leases[1].receipt, leases[1].expires_at, LOCK, leases[1].raw
+    )
+    results = queue._renew_many([leases[0], twin, leases[2]], LOCK)
+    assert results[0] is None and results[2] is None and isinstance(results[1], LeaseLost)
+    assert queue._settle_many([leases[0], leases[2]]) == [None, None]
+
+
+def test_pushed_message_after_a_timed_out_receive_is_leased(queue: Queue) -> None:
+    queue.send(b"warm")
+    _lease(queue).complete()
+    assert queue.lease(3, wait=0.3) == []  # leaves link credit outstanding
+    queue.send(b"late")
+    lease = _lease(queue)
+    assert lease.message.body == b"late" and lease.message.delivery_count == 1
+    lease.complete()
+    assert queue.lease(1, wait=0.5) == []
+
+
+def test_locked_message_outlives_its_ttl(queue: Queue) -> None:
+    # Service Bus's documented rule, where DESIGN's rule 4 does not hold: a
+    # locked message is not expired, renewing past its TTL works, and it goes
+    # away only once its lock is given up.
+    queue.send(b"short-lived", ttl=1)
+    lease = _lease(queue)
+    end = time.time() + 1.5 * LOCK
+    while time.time() < end:
+        lease.renew()
+        time.sleep(0.3)  # pacing renewals while the TTL passes
+    assert lease.message.body == b"short-lived"
+    lease.abandon()
+    assert queue.lease(1, wait=1) == []
+
+
+def test_dead_letter_and_max_delivery_count_land_in_the_dlq(servicebus_server: Any) -> None:
+    name = servicebus_server.create_queue(lock_duration=LOCK, max_delivery_count=1)
+    q = _open(servicebus_server, name, create=False)
+    try:
+        first = q.send(b"explicit", properties={"a": "b"})
+        second = q.send(b"max-deliveries")
+        for lease in q.lease(2, wait=5) + q.lease(2, wait=1):
+            if lease.message.id == first:
+                lease.dead_letter("handler gave up")
+            else:
+                lease.abandon()  # MaxDeliveryCount 1: the broker dead-letters it
+        letters = {letter.id: letter for letter in q.peek_dead_letters(10)}
+        assert set(letters) == {first, second}
+        assert letters[first].reason == "handler gave up"
+        assert dict(letters[first].properties) == {"a": "b"}
+        assert letters[second].reason == "MaxDeliveryCountExceeded"
+        assert letters[second].delivery_count == 2
+        assert q.lease(1, wait=0.5) == []
+    finally:
+        q.delete()
+        q.close()
+
+
+def test_every_lock_of_a_deleted_queue_is_queue_not_found(queue: Queue) -> None:
+    queue.send_many([b"a", b"b"])
+    leases = queue.lease(2, wait=5)
+    leases += queue.lease(2 - len(leases), wait=2) if len(leases) < 2 else []
+    queue.delete()
+    for lease in leases:
+        with pytest.raises(QueueNotFound):
+            lease.complete()
+        assert not lease.lost.is_set()
+    queue.create()
+
+
+def test_send_many_splits_batches_by_size(queue: Queue) -> None:
+    size = queue.capabilities.max_message_size
+    bodies = [os.urandom(size // 2 + 1) for _ in range(3)]
+    ids = queue.send_many(bodies)
+    got: dict[str, bytes] = {}
+    deadline = time.monotonic() + 10
+    while len(got) < 3 and time.monotonic() < deadline:
+        for lease in queue.lease(3, wait=1):
+            got[lease.message.id] = lease.message.body
+            lease.complete()
+    assert [got[i] for i in ids] == bodies
+
+
+def test_lock_duration_differing_from_the_queue_is_logged(
+    servicebus_server: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    name = servicebus_server.create_queue(lock_duration=4)
+    q = _open(servicebus_server, name, create=False)  # says 2 s
+    try:
+        q.send(b"x")
+        lease = _lease(q)
+        assert lease.expires_at.timestamp() > time.time() + 3  # the broker's lock, not 2 s
+        assert "lock_duration" in caplog.text
+        lease.complete()
+    finally:
+        q.delete()
+        q.close()
+
+
+# ----------------------------------------------------------- connections
+
+
+def test_close_leaves_no_thread_or_socket(servicebus_server: Any) -> None:
+    name = servicebus_server.create_queue(lock_duration=LOCK)
+    threads, fds = threading.active_count(), _fds()
+    q = _open(servicebus_server, name, create=False)
+    q.send(b"x")
+    lease = _lease(q)
+    lease.renew()
+    lease.dead_letter("check")
+    assert len(q.peek_dead_letters(1)) == 1
+    assert threading.active_count() > threads and _fds() > fds
+    q.close()
+    assert threading.active_count() == threads
+    assert _fds() == fds
+    servicebus_server.delete_queue(name)
+
+
+# --------------------------------------------------------- keeper, consumer
+
+
+def test_consumer_slower_than_the_lock_completes_each_message_once(queue: Queue) -> None:
+    total = 8
+    queue.send_many([b"m%d" % i for i in range(total)])
+    handled: list[bytes] = []
+    lock = threading.Lock()
+
+    def slow(message: Any) -> None:
+        time.sleep(2.5 * LOCK)  # the work: longer than the lock, so the keeper renews
+        with lock:
+            handled.append(message.body)
+
+    consumer = leasekit.Consumer(queue, slow, concurrency=total, handle_signals=False)
+    runner = threading.Thread(target=consumer.run)
+    runner.start()
+    deadline = time.monotonic() + 30
+    try:
+        while consumer.stats.completed < total and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling the consumer's counters, with a deadline
+    finally:
+        consumer.stop()
+        runner.join(timeout=30)
+    stats = consumer.stats
+    assert sorted(handled) == sorted(b"m%d" % i for i in range(total))
+    assert (stats.completed, stats.stale_on_complete, stats.lost) == (total, 0, 0)
+    assert queue.lease(1, wait=LOCK + 1) == []
+
+
+def test_keeper_holds_a_lock_in_steps(queue: Queue) -> None:
+    queue.send(b"held")
+    lease = _lease(queue)
+    with LeaseKeeper() as keeper, keeper.hold(lease):
+        end = time.time() + 3 * LOCK
+        while time.time() < end:
+            assert queue.lease(1, wait=0.5) == []
+        assert keeper.stats.renewed >= 3 and keeper.stats.lost == 0
+    lease.complete()
