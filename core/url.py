@@ -68,7 +68,7 @@ def redact_url(url: str) -> str:
     """``url`` with any password (and secret-looking query values) replaced by ``***``."""
     redacted = re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", url)
     return re.sub(
-        r"((?:secret|password|key|token|sig|signature|credential)[a-z_]*=)[^&]*",
+        r"((?:secret|password|key|token|sig|signature|credential|connection)[a-z_]*=)[^&]*",
         r"\1***",
         redacted,
         flags=re.IGNORECASE,
