@@ -37,6 +37,7 @@ import threading
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from leasekit.capabilities import Capabilities
 from leasekit.clock import Clock, SystemClock, to_datetime
@@ -89,6 +90,8 @@ class _Record:
     delivery_count: int = 0
     receipt: str | None = None
     version: int = 0
+    #: Key of this record's live heap entry (may be earlier than visible_at: lazy).
+    heap_at: float = 0.0
 
 
 @dataclass
@@ -98,8 +101,27 @@ class _MemoryQueue:
     dead: list[DeadLetter] = field(default_factory=list)
 
     def push(self, rec: _Record) -> None:
+        """File ``rec`` in the heap at its ``visible_at`` (superseding its older entry)."""
         rec.version += 1
+        rec.heap_at = rec.visible_at
         heapq.heappush(self.heap, (rec.visible_at, rec.seq, rec.id, rec.version))
+        if len(self.heap) > 4 * len(self.records) + 1024:
+            # Superseded entries pile up under heavy abandon traffic; rebuild.
+            for r in self.records.values():
+                r.version += 1
+                r.heap_at = r.visible_at
+            self.heap = [(r.visible_at, r.seq, r.id, r.version) for r in self.records.values()]
+            heapq.heapify(self.heap)
+
+    def move(self, rec: _Record, visible_at: float) -> None:
+        """Change when ``rec`` becomes visible.
+
+        Later than its heap entry: just record it (a renewal costs no heap
+        operation; the entry is re-filed when it reaches the top). Earlier: re-file now.
+        """
+        rec.visible_at = visible_at
+        if visible_at < rec.heap_at:
+            self.push(rec)
 
 
 class MemoryBroker:
@@ -285,6 +307,9 @@ class MemoryDriver(Driver):
             if rec.expires_at is not None and rec.expires_at <= now:
                 del q.records[message_id]
                 continue
+            if rec.visible_at > now:  # renewed since it was filed: re-file it
+                q.push(rec)
+                continue
             rec.delivery_count += 1
             rec.receipt = f"{message_id}:{secrets.token_hex(8)}"
             rec.visible_at = now + visibility
@@ -305,21 +330,22 @@ class MemoryDriver(Driver):
     def change_visibility(self, receipt: str, seconds: float) -> Visibility:
         """Hide the message for ``seconds`` from now (0: visible at once)."""
         with self.broker.cond:
-            return self._change_visibility(self._q(), receipt, seconds, self._clock.time())
+            now = self._clock.time()
+            until = to_datetime(now + seconds)
+            return self._change_visibility(self._q(), receipt, seconds, now, until)
 
     def _change_visibility(
-        self, q: _MemoryQueue, receipt: str, seconds: float, now: float
+        self, q: _MemoryQueue, receipt: str, seconds: float, now: float, until: datetime
     ) -> Visibility:
         """Change visibility; the caller holds the broker lock."""
         rec = self._held(q, receipt, now)
-        rec.visible_at = now + seconds
+        q.move(rec, now + seconds)
         if self._rotate:
             rec.receipt = f"{rec.id}:{secrets.token_hex(8)}"
-        q.push(rec)
         if seconds <= 0:
             self.broker.cond.notify_all()
         assert rec.receipt is not None
-        return Visibility(rec.receipt, to_datetime(rec.visible_at))
+        return Visibility(rec.receipt, until)
 
     def change_visibility_batch(
         self, receipts: Sequence[str], seconds: float
@@ -329,9 +355,10 @@ class MemoryDriver(Driver):
         with self.broker.cond:
             q = self._q()
             now = self._clock.time()
+            until = to_datetime(now + seconds)
             for receipt in receipts:
                 try:
-                    results.append(self._change_visibility(q, receipt, seconds, now))
+                    results.append(self._change_visibility(q, receipt, seconds, now, until))
                 except DriverError as exc:
                     results.append(exc)
         return results

@@ -366,6 +366,29 @@ def demo(
     raise typer.Exit(1)
 
 
+@app.command("spark-demo")
+def spark_demo(
+    messages: Annotated[int, typer.Option(help="Sensor readings to send.")] = 2000,
+    batch: Annotated[int, typer.Option(help="Messages per micro-batch.")] = 500,
+    fail_batch: Annotated[int, typer.Option(help="Micro-batch that fails once (-1: none).")] = 1,
+    directory: Annotated[
+        str | None, typer.Option("--dir", help="Keep the queue, checkpoint and Parquet here.")
+    ] = None,
+) -> None:
+    """Queue → Spark stream → aggregate in Parquet, with a failure: nothing lost (needs [spark])."""
+    from leasekit.plugins.spark.cli import spark_demo as run
+
+    ok = run(
+        messages=messages,
+        batch=batch,
+        fail_batch=None if fail_batch < 0 else fail_batch,
+        directory=directory,
+        console=console,
+    )
+    if not ok:
+        raise typer.Exit(1)
+
+
 def main() -> None:
     """Entry point of the ``leasekit`` script."""
     app()

@@ -14,8 +14,8 @@ few threads, not 100,000 timers.
 from __future__ import annotations
 
 import heapq
-import itertools
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,9 +33,13 @@ __all__ = ["KeeperStats", "LeaseKeeper"]
 
 _log = logging.getLogger("leasekit.keeper")
 
+#: Width of a timer-wheel bucket: a renewal may run up to this much early.
+TICK = 0.01
 #: Due renewals within this window are renewed together with the earliest one;
 #: renewing a little early costs nothing and turns 100k timers into batches.
 COALESCE = 0.05
+#: Renewal points are spread over this fraction of the lease (earlier, never later).
+JITTER = 0.1
 #: First and largest backoff (seconds) after a transient renewal failure.
 RETRY_START = 0.1
 RETRY_MAX = 2.0
@@ -120,9 +124,10 @@ class LeaseKeeper:
         self.on_lost = on_lost
         self.stats = KeeperStats()
         self._workers = workers
-        self._heap: list[tuple[float, int, _Held]] = []
+        # A timer wheel: due entries in TICK-wide buckets, and a heap of bucket keys.
+        self._buckets: dict[int, list[_Held]] = {}
+        self._keys: list[int] = []
         self._held: dict[int, _Held] = {}
-        self._seq = itertools.count()
         self._cond = threading.Condition()
         self._state = "new"
         self._thread: threading.Thread | None = None
@@ -165,7 +170,8 @@ class LeaseKeeper:
             pool.shutdown(wait=True)
         with self._cond:
             self._held.clear()
-            self._heap.clear()
+            self._buckets.clear()
+            self._keys.clear()
             self.stats.held = 0
 
     close = stop
@@ -258,13 +264,30 @@ class LeaseKeeper:
     def _due(self, lease: Lease, now: float) -> float:
         """Monotonic time at which ``lease`` should be renewed."""
         remaining = lease.expires_at.timestamp() - time.time()
-        lead = max(self.renew_at * lease.duration, self.margin)
-        lead = min(lead, lease.duration * 0.5)  # short leases: renew at half-time at the latest
-        return now + remaining - lead
+        return now + remaining - self._lead(lease.duration)
+
+    def _lead(self, duration: float) -> float:
+        """How long before expiry to renew a lease of ``duration`` seconds.
+
+        At least ``renew_at`` of the lease (and ``margin``), plus up to
+        ``JITTER`` of the lease at random, so leases taken together do not all
+        fall due together (100,000 leases leased in one burst would otherwise
+        be renewed in one burst, forever).
+        """
+        lead = max(self.renew_at * duration, self.margin)
+        lead = min(lead, duration * 0.5)  # short leases: renew at half-time at the latest
+        return lead + random.random() * JITTER * duration
 
     def _push(self, held: _Held) -> None:
-        heapq.heappush(self._heap, (held.due, next(self._seq), held))
-        if self._heap[0][2] is held:
+        """File ``held`` in the bucket of its due time (rounded down: at most TICK early)."""
+        key = int(held.due / TICK)
+        bucket = self._buckets.get(key)
+        if bucket is not None:
+            bucket.append(held)
+            return
+        self._buckets[key] = [held]
+        heapq.heappush(self._keys, key)
+        if self._keys[0] == key:
             self._cond.notify()
 
     def _run(self) -> None:
@@ -278,17 +301,16 @@ class LeaseKeeper:
 
     def _take_due(self) -> list[_Held] | None:
         """Wait until something is due (or stop); return the due entries, ``None`` to stop."""
+        keys = self._keys
         while self._state == "running":
             now = time.monotonic()
-            if self._heap and self._heap[0][0] <= now + COALESCE:
+            limit = int((now + COALESCE) / TICK)
+            if keys and keys[0] <= limit:
                 due: list[_Held] = []
-                horizon = now + COALESCE
-                while self._heap and self._heap[0][0] <= horizon:
-                    _, _, held = heapq.heappop(self._heap)
-                    if held.active:
-                        due.append(held)
-                return due
-            timeout = self._heap[0][0] - now - COALESCE if self._heap else None
+                while keys and keys[0] <= limit:
+                    due.extend(self._buckets.pop(heapq.heappop(keys)))
+                return [held for held in due if held.active]
+            timeout = keys[0] * TICK - COALESCE - now if keys else None
             self._cond.wait(timeout)
         return None
 
@@ -300,7 +322,6 @@ class LeaseKeeper:
             if held.release_at is not None and now >= held.release_at:
                 self._release(held)
                 continue
-            lateness.append(max(0.0, now - held.due))
             seconds = held.duration if held.duration is not None else held.lease.duration
             caps = held.lease.queue.capabilities
             if caps.max_total_lease is not None:
@@ -341,6 +362,9 @@ class LeaseKeeper:
         )
 
     def _renew(self, group: list[_Held], seconds: float) -> None:
+        started = time.monotonic()
+        # Lateness is measured when the renewal call starts, queueing included.
+        self.stats.lateness.extend([max(0.0, started - held.due) for held in group])
         leases = [held.lease for held in group]
         queue: Queue = leases[0].queue
         try:
@@ -364,7 +388,9 @@ class LeaseKeeper:
                     self.stats.renewed += 1
                     held.failures = 0
                     held.first_failure = None
-                    held.due = self._due(lease, now)
+                    # The new expiry is at least ``started + seconds``: plan from that
+                    # (no datetime arithmetic on the hot path).
+                    held.due = started + seconds - self._lead(seconds)
                     self._push(held)
                 elif result is False:
                     if lease.state is LeaseState.HELD:

@@ -486,9 +486,10 @@ class Queue:
             finally:
                 for _, lz in locked:
                     lz._lock.release()
-            for i, lz in chunk:
-                if results[i] is None:
-                    self._emit("leasekit_lease_renewed", lease=lz)
+            if self._has_observers("leasekit_lease_renewed"):
+                for i, lz in chunk:
+                    if results[i] is None:
+                        self._emit("leasekit_lease_renewed", lease=lz)
         return results
 
     # ------------------------------------------------------------- validation
@@ -676,6 +677,11 @@ class Queue:
             self._call("create poison queue", sibling.create_queue)
             self._poison = sibling
             return sibling
+
+    def _has_observers(self, hook: str) -> bool:
+        """Whether any plugin implements ``hook`` (skip building events nobody reads)."""
+        caller = getattr(self._hooks, hook, None) if self._hooks is not None else None
+        return bool(caller is not None and caller.get_hookimpls())
 
     def _emit(self, hook: str, **kwargs: Any) -> None:
         """Call an event hook's observers; one observer's error is logged, never raised.

@@ -1,6 +1,7 @@
 """Log every lease and worker event (registered by default through ``leasekit.plugins``).
 
-Logger ``leasekit.events``: acquired/renewed/completed/abandoned at DEBUG,
+Logger ``leasekit.events``: acquired/completed/abandoned at DEBUG (renewals are
+not logged: a keeper makes thousands a second; count them with a plugin instead),
 dead-lettered and lost at WARNING, worker start/stop at INFO. Receipts are not
 logged (they are capabilities to settle someone's message); message ids are.
 """
@@ -28,13 +29,6 @@ def leasekit_lease_acquired(lease: Lease) -> None:
             lease.message.delivery_count,
             lease.expires_at.isoformat(),
         )
-
-
-@hookimpl
-def leasekit_lease_renewed(lease: Lease) -> None:
-    """Log a renewal."""
-    if log.isEnabledFor(logging.DEBUG):
-        log.debug("renewed %s until %s", lease.message.id, lease.expires_at.isoformat())
 
 
 @hookimpl

@@ -259,7 +259,9 @@ def test_completions_are_grouped_into_batches(queue: Queue) -> None:
         return real(receipts)
 
     queue.driver.delete_batch = counting  # type: ignore[method-assign]
-    consumer = leasekit.Consumer(queue, lambda m: None, concurrency=8, lease_duration=30)
+    consumer = leasekit.Consumer(
+        queue, lambda m: time.sleep(0.005), concurrency=8, lease_duration=30
+    )
     assert consumer.batch_complete
     stats = consumer.run(until_idle=True)
     assert stats.completed == 200 and queue.stats().visible == 0
