@@ -41,6 +41,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from _consumer import consume_with_consumer
 from mns.account import Account
 from mns.mns_exception import MNSServerException
 from mns.queue import Message, QueueMeta
@@ -177,13 +178,20 @@ def _raw_scenario(account: Account, messages: int, *, batched: bool) -> Result:
 
 
 def _leasekit_scenario(
-    options: dict[str, str], messages: int, threads: int, *, batched: bool = False
+    options: dict[str, str],
+    messages: int,
+    threads: int,
+    *,
+    batched: bool = False,
+    consumer: bool = False,
 ) -> Result:
     queue = leasekit.open("aliyun-mns", queue=_name("lk"), create=True, **options)
     try:
         send_s = _timed(lambda: queue.send_many(_bodies(messages)))
         cpu = time.process_time()
-        if threads == 1:
+        if consumer:
+            consume_s = consume_with_consumer(queue, messages, threads)
+        elif threads == 1:
             consume_s = _timed(lambda: leasekit_consume(queue, messages))
         else:
             consume_s = leasekit_concurrent(queue, messages, threads, batched=batched)
@@ -206,6 +214,10 @@ def run(endpoint: str, messages: int, repeat: int, workers: int) -> dict[str, di
         (RAW, lambda n: _raw_scenario(account, n, batched=False)),
         ("raw SDK, batched delete", lambda n: _raw_scenario(account, n, batched=True)),
         ("leasekit", lambda n: _leasekit_scenario(options, n, 1)),
+        (
+            f"leasekit.Consumer, concurrency {workers}",
+            lambda n: _leasekit_scenario(options, n, workers, consumer=True),
+        ),
         (
             f"leasekit, {workers} threads (ThreadPoolExecutor)",
             lambda n: _leasekit_scenario(options, n, workers),

@@ -42,6 +42,7 @@ from functools import partial
 from typing import Any
 
 import boto3
+from _consumer import consume_with_consumer
 from kombu import Connection
 
 import leasekit
@@ -241,6 +242,13 @@ def scenarios(endpoint: str, workers: int) -> list[Callable[[], Scenario]]:
                 lambda n: leasekit_consume_batched(queue, n),
                 close,
             )
+        if threads < 0:
+            return Scenario(
+                f"leasekit.Consumer, concurrency {-threads}",
+                queue.send_many,
+                lambda n: consume_with_consumer(queue, n, -threads),
+                close,
+            )
         return Scenario(
             f"leasekit, {threads} threads (ThreadPoolExecutor)",
             queue.send_many,
@@ -273,6 +281,7 @@ def scenarios(endpoint: str, workers: int) -> list[Callable[[], Scenario]]:
         lambda: lk(1),
         lambda: lk(0),
         lambda: lk(workers),
+        lambda: lk(-workers),
         kombu,
     ]
 

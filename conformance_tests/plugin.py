@@ -44,7 +44,7 @@ def pytest_configure(config: pytest.Config) -> None:
     json_path = config.getoption("--leasekit-report-json")
     md_path = config.getoption("--leasekit-report-md")
     if json_path or md_path:
-        backend = config.getoption("--leasekit-backend") or "(harness)"
+        backend = config.getoption("--leasekit-backend") or "harness"
         report = MatrixReport(backend=backend, json_path=json_path, md_path=md_path)
         config.pluginmanager.register(report, "leasekit-matrix-report")
 

@@ -25,6 +25,7 @@ class Outcome:
     outcome: str
     reason: str = ""
     duration: float = 0.0
+    backend: str = ""
 
 
 @dataclass
@@ -60,8 +61,20 @@ class MatrixReport:
                     outcome=report.outcome,
                     reason=reason,
                     duration=round(report.duration, 3),
+                    backend=self._backend_of(item),
                 )
             )
+
+    def _backend_of(self, item: pytest.Item) -> str:
+        """The backend a test ran against: the class's ``conformance_backend``, else its name."""
+        cls = getattr(item, "cls", None)
+        label = getattr(cls, "conformance_backend", None)
+        if label:
+            return str(label)
+        name = cls.__name__ if cls is not None else ""
+        if not name or name == "TestConformance":
+            return self.backend
+        return name.removeprefix("Test").removesuffix("Conformance")
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """Write the JSON and Markdown files."""
@@ -72,15 +85,18 @@ class MatrixReport:
             Path(self.md_path).write_text(render_markdown(data))
 
     def as_dict(self) -> dict[str, Any]:
-        """The matrix: per property the worst outcome, plus every test."""
-        properties: dict[str, dict[str, str]] = {}
+        """The matrix: per backend and property the worst outcome, plus every test."""
+        backends: dict[str, dict[str, dict[str, str]]] = {}
         for o in self.outcomes:
+            properties = backends.setdefault(o.backend or self.backend, {})
             current = properties.get(o.property)
             if current is None or _RANK[o.outcome] > _RANK[current["result"]]:
                 properties[o.property] = {"result": o.outcome, "reason": o.reason}
+        only = next(iter(backends.values())) if len(backends) == 1 else {}
         return {
-            "backend": self.backend,
-            "properties": properties,
+            "backend": next(iter(backends)) if len(backends) == 1 else self.backend,
+            "properties": only,
+            "backends": backends,
             "tests": [asdict(o) for o in self.outcomes],
         }
 
@@ -99,15 +115,28 @@ def load_matrix(path: str | Path) -> dict[str, Any]:
 
 
 def render_markdown(data: dict[str, Any]) -> str:
-    """The matrix as a Markdown table."""
+    """The matrix as Markdown: one table, a column per backend."""
+    backends: dict[str, dict[str, dict[str, str]]] = data.get("backends") or {
+        data["backend"]: data["properties"]
+    }
+    names = list(backends)
+    properties: list[str] = []
+    for rows in backends.values():
+        properties.extend(p for p in rows if p not in properties)
     lines = [
-        f"## Conformance: `{data['backend']}`",
-        "",
-        "| property | result | reason |",
-        "| --- | --- | --- |",
+        "| property | " + " | ".join(f"`{n}`" for n in names) + " |",
+        "| --- |" + " --- |" * len(names),
     ]
-    for prop, row in data["properties"].items():
-        reason = row["reason"].replace("|", "\\|")
-        lines.append(f"| {prop} | {row['result']} | {reason} |")
-    lines.append("")
-    return "\n".join(lines)
+    for prop in properties:
+        cells = []
+        for name in names:
+            row = backends[name].get(prop)
+            if row is None:
+                cells.append("–")
+            elif row["result"] == "passed":
+                cells.append("pass")
+            else:
+                reason = row["reason"].replace("|", "\\|")
+                cells.append(f"**{row['result']}**: {reason}" if reason else row["result"])
+        lines.append(f"| {prop} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -309,16 +309,9 @@ def _print_matrix(data: dict[str, Any]) -> None:
 
 
 def _matrix_markdown(data: dict[str, Any]) -> str:
-    lines = [
-        f"## Conformance: `{data['backend']}`",
-        "",
-        "| property | result | reason |",
-        "| --- | --- | --- |",
-    ]
-    for prop, row in data["properties"].items():
-        reason = row["reason"].replace("|", "\\|")
-        lines.append(f"| {prop} | {row['result']} | {reason} |")
-    return "\n".join(lines) + "\n"
+    from leasekit.conformance.report import render_markdown
+
+    return f"## Conformance: `{data['backend']}`\n\n" + render_markdown(data)
 
 
 @app.command()
