@@ -307,7 +307,9 @@ class MemoryDriver(Driver):
             if rec.expires_at is not None and rec.expires_at <= now:
                 del q.records[message_id]
                 continue
-            if rec.visible_at > now:  # renewed since it was filed: re-file it
+            if rec.visible_at > rec.heap_at:
+                # Renewed since it was filed: re-file it at its real time, even if
+                # that has passed too, so delivery order stays visibility time, then seq.
                 q.push(rec)
                 continue
             rec.delivery_count += 1
