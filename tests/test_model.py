@@ -472,7 +472,7 @@ def test_renewed_message_keeps_delivery_order(backend: str, tmp_path: Path) -> N
     pre-renewal visibility time when the renewed time had passed as well.
     """
     clock = ManualClock()
-    options = {"path": str(tmp_path / "order.db")} if backend == "sqlite" else {}
+    options: dict[str, Any] = {"path": str(tmp_path / "order.db")} if backend == "sqlite" else {}
     with leasekit.open(backend, queue="order", clock=clock, create=True, **options) as queue:
         first, second = queue.send_many([b"first", b"second"])
         (lease,) = queue.lease(1, duration=30)
