@@ -73,31 +73,44 @@ class _GroupCompleter:
         self.leading = False
 
     def complete(self, lease: Lease) -> errors.LeaseError | None:
+        """Complete ``lease`` in a shared batch; return its error, if any."""
+        key = id(lease)
         with self.cond:
             self.waiting.append(lease)
             self.cond.notify_all()
-            if self.leading:
-                while id(lease) not in self.results:
+            while key not in self.results:
+                if self.leading:
                     self.cond.wait()
-                return self.results.pop(id(lease))
-            self.leading = True
-            deadline = time.monotonic() + self.window
-            while len(self.waiting) < min(self.size, self.in_flight()):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self.cond.wait(remaining)
-            batch, self.waiting = self.waiting[: self.size], self.waiting[self.size :]
+                    continue
+                # Lead: gather others briefly, then settle one batch for everyone in it.
+                self.leading = True
+                try:
+                    deadline = time.monotonic() + self.window
+                    while len(self.waiting) < min(self.size, self.in_flight()):
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            break
+                        self.cond.wait(remaining)
+                    batch, self.waiting = self.waiting[: self.size], self.waiting[self.size :]
+                    self.cond.release()
+                    try:
+                        outcome = self._settle(batch)
+                    finally:
+                        self.cond.acquire()
+                    for item, result in zip(batch, outcome, strict=True):
+                        self.results[id(item)] = result
+                finally:
+                    self.leading = False
+                    self.cond.notify_all()
+            return self.results.pop(key)
+
+    def _settle(self, batch: list[Lease]) -> list[errors.LeaseError | None]:
         try:
-            outcome = self.queue._settle_many(batch)
+            return self.queue._settle_many(batch)
         except errors.LeaseError as exc:
-            outcome = [exc] * len(batch)
-        with self.cond:
-            self.leading = False
-            for item, result in zip(batch, outcome, strict=True):
-                self.results[id(item)] = result
-            self.cond.notify_all()
-            return self.results.pop(id(lease))
+            return [exc] * len(batch)
+        except Exception as exc:  # never leave the followers waiting
+            return [errors.BackendError(f"batch complete failed: {exc!r}")] * len(batch)
 
 
 class Consumer:

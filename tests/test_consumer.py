@@ -282,3 +282,24 @@ def test_a_stale_receipt_in_a_batch_is_counted_not_raised(queue: Queue) -> None:
     ).run(until_idle=True)
     assert stats.stale_on_complete == 1
     assert stats.completed == 3
+
+
+def test_group_completer_never_strands_a_waiting_completion(queue: Queue) -> None:
+    """More completions arrive than one batch holds, and then none: all must finish."""
+    from leasekit.consumer import _GroupCompleter
+
+    queue.send_many([b"%d" % i for i in range(12)])
+    leases = queue.lease(12, duration=30)
+    completer = _GroupCompleter(queue, size=4, window=0.05, in_flight=lambda: 12)
+    results: list[object] = []
+    threads = [
+        threading.Thread(target=lambda lz=lz: results.append(completer.complete(lz)))
+        for lz in leases
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert not any(thread.is_alive() for thread in threads), "a completion was stranded"
+    assert results == [None] * 12
+    assert queue.stats().leased == 0
