@@ -18,15 +18,22 @@ import pytest
 
 import leasekit
 from leasekit import (
+    AuthenticationFailed,
+    BackendError,
+    BackendUnavailable,
     InvalidLeaseDuration,
     InvalidURL,
     LeaseKeeper,
     LeaseLost,
+    MessageTooLarge,
+    QueueAlreadyExists,
     QueueNotFound,
     UnsupportedOperation,
 )
 from leasekit.conformance import ConformanceSuite, UrlHarness, conformance_property
+from leasekit.error_mapping import wrap_error
 from leasekit.queue import Queue
+from leasekit.spi import DriverError, ErrorCode
 
 pytest.importorskip("azure.servicebus")
 pytest.importorskip("proton", reason="the Service Bus emulator needs python-qpid-proton")
@@ -164,7 +171,7 @@ def test_url_names_namespace_and_queue_without_any_network() -> None:
     bare.close()
 
 
-def test_credentials_are_refused_in_urls_and_never_shown(servicebus_server: Any) -> None:
+def test_credentials_are_refused_in_urls_and_never_shown() -> None:
     secret = (
         "Endpoint=sb://x.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=TOPSECRET"
     )
@@ -191,14 +198,19 @@ def test_credentials_are_refused_in_urls_and_never_shown(servicebus_server: Any)
         leasekit.open("azure-service-bus", queue="q", connection_string=secret, lock_duration=301)
 
 
-def test_other_lease_durations_are_refused_before_any_call(queue: Queue) -> None:
-    sent = _driver(queue)._client
+def test_other_lease_durations_and_delayed_abandon_are_refused_before_any_call(
+    queue: Queue,
+) -> None:
     with pytest.raises(InvalidLeaseDuration, match="LeaseKeeper"):
         queue.lease(1, duration=30)
+    assert _driver(queue)._client is None  # refused before any connection
+    queue.send(b"x")
+    lease = _lease(queue)
+    with pytest.raises(InvalidLeaseDuration):
+        lease.renew(LOCK + 1)
     with pytest.raises(UnsupportedOperation):
-        queue.send(b"x")
-        _lease(queue).abandon(delay=5)
-    assert sent is None or sent is _driver(queue)._client
+        lease.abandon(delay=5)
+    lease.complete()
 
 
 # ------------------------------------------------------------ semantics
@@ -381,8 +393,121 @@ def test_keeper_holds_a_lock_in_steps(queue: Queue) -> None:
     queue.send(b"held")
     lease = _lease(queue)
     with LeaseKeeper() as keeper, keeper.hold(lease):
-        end = time.time() + 3 * LOCK
+        end = time.time() + 2 * LOCK
         while time.time() < end:
             assert queue.lease(1, wait=0.5) == []
-        assert keeper.stats.renewed >= 3 and keeper.stats.lost == 0
+        assert keeper.stats.renewed >= 2 and keeper.stats.lost == 0
     lease.complete()
+
+
+# ------------------------------------------- error mapping (unit tests, no network)
+
+
+def _offline() -> ServiceBusDriver:
+    return ServiceBusDriver(
+        "orders",
+        connection_string="Endpoint=sb://x.servicebus.windows.net/;SharedAccessKeyName=k;"
+        "SharedAccessKey=TOPSECRET",
+    )
+
+
+def _sdk_errors() -> list[tuple[BaseException, type[leasekit.LeaseError], str]]:
+    from azure.core import exceptions as core
+    from azure.servicebus import exceptions as sb
+
+    return [
+        (sb.MessageLockLostError(message="m"), LeaseLost, "MessageLockLostError"),
+        (sb.MessageAlreadySettled(action="complete"), LeaseLost, "MessageAlreadySettled"),
+        (
+            sb.MessagingEntityNotFoundError(message="m"),
+            QueueNotFound,
+            "MessagingEntityNotFoundError",
+        ),
+        (
+            sb.ServiceBusAuthenticationError(message="m"),
+            AuthenticationFailed,
+            "ServiceBusAuthenticationError",
+        ),
+        (
+            sb.ServiceBusAuthorizationError(message="m"),
+            AuthenticationFailed,
+            "ServiceBusAuthorizationError",
+        ),
+        (
+            sb.ServiceBusConnectionError(message="m"),
+            BackendUnavailable,
+            "ServiceBusConnectionError",
+        ),
+        (
+            sb.ServiceBusCommunicationError(message="m"),
+            BackendUnavailable,
+            "ServiceBusCommunicationError",
+        ),
+        (sb.OperationTimeoutError(message="m"), BackendUnavailable, "OperationTimeoutError"),
+        (
+            sb.ServiceBusServerBusyError(message="m"),
+            BackendUnavailable,
+            "ServiceBusServerBusyError",
+        ),
+        (
+            sb.ServiceBusQuotaExceededError(message="m"),
+            BackendUnavailable,
+            "ServiceBusQuotaExceededError",
+        ),
+        (sb.MessageSizeExceededError(message="m"), MessageTooLarge, "MessageSizeExceededError"),
+        (sb.ServiceBusError(message="m"), BackendError, "ServiceBusError"),
+        (core.ResourceNotFoundError("m"), QueueNotFound, "ResourceNotFoundError"),
+        (core.ResourceExistsError("m"), QueueAlreadyExists, "ResourceExistsError"),
+        (core.ClientAuthenticationError("m"), AuthenticationFailed, "ClientAuthenticationError"),
+        (core.ServiceRequestError("m"), BackendUnavailable, "ServiceRequestError"),
+    ]
+
+
+@pytest.mark.parametrize("index", range(16))
+def test_sdk_errors_map_to_leasekit_errors_and_are_never_retried(index: int) -> None:
+    exc, expected, code = _sdk_errors()[index]
+    driver = _offline()
+    error = wrap_error(driver, exc, "complete")
+    assert type(error) is expected
+    assert error.backend_code == code
+    assert driver.is_retryable(exc) is False
+    assert "TOPSECRET" not in str(error)
+
+
+def test_http_status_of_the_administration_client_is_classified() -> None:
+    from azure.core.exceptions import HttpResponseError
+
+    driver = _offline()
+    for status, code in ((401, ErrorCode.UNAUTHENTICATED), (503, ErrorCode.UNAVAILABLE)):
+        exc = HttpResponseError(message="m")
+        exc.status_code = status
+        assert driver.error_code(exc) is code
+    assert driver.error_code(RuntimeError("other")) is ErrorCode.UNKNOWN
+
+
+class _ShutDownReceiver:
+    """Stands in for an SDK receiver the SDK shut down after an error (unit test only)."""
+
+    def complete_message(self, message: Any) -> None:
+        raise ValueError("Failed to complete the message as the handler has already been shutdown.")
+
+    renew_message_lock = abandon_message = complete_message
+
+
+def test_settle_on_a_shut_down_receiver_is_lease_lost_and_a_deleted_queue_not_found() -> None:
+    from leasekit.backends.azure_service_bus import _Held
+
+    driver = _offline()
+    driver._held["t"] = _Held(object(), _ShutDownReceiver(), time.time() + 60)
+    for settle in (driver.delete, lambda t: driver.change_visibility(t, 60)):
+        with pytest.raises(DriverError) as lost:
+            settle("t")
+        assert lost.value.code is ErrorCode.LEASE_LOST
+    with pytest.raises(DriverError) as unknown:
+        driver.delete("never-held")
+    assert unknown.value.code is ErrorCode.LEASE_LOST
+    driver._held["t"] = _Held(object(), _ShutDownReceiver(), time.time() + 60)
+    driver._entity_missing = True  # as after delete_queue, or a settle that found it gone
+    with pytest.raises(DriverError) as gone:
+        driver.delete("t")
+    assert gone.value.code is ErrorCode.QUEUE_NOT_FOUND
