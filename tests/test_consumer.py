@@ -290,7 +290,19 @@ def test_group_completer_never_strands_a_waiting_completion(queue: Queue) -> Non
 
     queue.send_many([b"%d" % i for i in range(12)])
     leases = queue.lease(12, duration=30)
-    completer = _GroupCompleter(queue, size=4, window=0.05, in_flight=lambda: 12)
+    completer = _GroupCompleter(queue, size=4, window=0.05, in_flight=lambda: 4)
+    real_settle = queue._settle_many
+    first = threading.Event()
+
+    def settle_after_everyone_queued(batch):  # type: ignore[no-untyped-def]
+        if not first.is_set():
+            first.set()
+            deadline = time.monotonic() + 5
+            while len(completer.waiting) < 8 and time.monotonic() < deadline:
+                time.sleep(0.005)  # hold the first batch until the rest are queued behind it
+        return real_settle(batch)
+
+    queue._settle_many = settle_after_everyone_queued  # type: ignore[method-assign]
     results: list[object] = []
     threads = [
         threading.Thread(target=lambda lz=lz: results.append(completer.complete(lz)))
