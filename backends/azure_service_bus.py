@@ -54,7 +54,7 @@ Delivery semantics:
     ``<queue>/$deadletterqueue`` with the reason as ``DeadLetterReason``; Service
     Bus also moves it there itself after the queue's ``MaxDeliveryCount``
     deliveries (reason ``MaxDeliveryCountExceeded``). ``peek_dead_letters`` peeks
-    the sub-queue (nothing is locked or changed).
+    the sub-queue through a short-lived receiver (delivery counts unchanged).
 
     Time-to-live: Service Bus does not expire a message while it is locked, and
     renewing the lock past the TTL succeeds (documented: "the application might be
@@ -878,7 +878,7 @@ class ServiceBusDriver(Driver):
         self._settle(receipt, "dead_letter_message", reason=reason)
 
     def dead_letters(self, limit: int) -> list[DeadLetter]:
-        """Peek up to ``limit`` messages of ``<queue>/$deadletterqueue`` (nothing is locked)."""
+        """Peek up to ``limit`` messages of ``<queue>/$deadletterqueue`` (nothing is settled)."""
         from azure.servicebus import ServiceBusSubQueue
 
         # prefetch 1 and keep_alive 0: a peek needs no PeekLock link, and then the
