@@ -69,10 +69,10 @@ class _GroupCompleter:
         self.in_flight = in_flight
         self.cond = threading.Condition()
         self.waiting: list[Lease] = []
-        self.results: dict[int, errors.LeaseError | None] = {}
+        self.results: dict[int, errors.LeaseError | errors.LeaseStateError | None] = {}
         self.leading = False
 
-    def complete(self, lease: Lease) -> errors.LeaseError | None:
+    def complete(self, lease: Lease) -> errors.LeaseError | errors.LeaseStateError | None:
         """Complete ``lease`` in a shared batch; return its error, if any."""
         key = id(lease)
         with self.cond:
@@ -104,7 +104,9 @@ class _GroupCompleter:
                     self.cond.notify_all()
             return self.results.pop(key)
 
-    def _settle(self, batch: list[Lease]) -> list[errors.LeaseError | None]:
+    def _settle(
+        self, batch: list[Lease]
+    ) -> list[errors.LeaseError | errors.LeaseStateError | None]:
         try:
             return self.queue._settle_many(batch)
         except errors.LeaseError as exc:
@@ -288,9 +290,15 @@ class Consumer:
     ) -> None:
         limit = self.concurrency + self.prefetch
         batch = self.queue.capabilities.max_receive_batch
+        # Lease again only when a worthwhile batch fits: refilling one slot at a
+        # time turns every completion into a receive call.
+        refill = max(1, min(batch, limit // 2))
         while not self._stop.is_set():
             with self._lock:
-                while len(self._pending) + len(self._started) >= limit and not self._stop.is_set():
+                while (
+                    len(self._pending) + len(self._started) > limit - refill
+                    and not self._stop.is_set()
+                ):
                     self._lock.wait(0.5)
                 outstanding = len(self._pending) + len(self._started)
             if self._stop.is_set():

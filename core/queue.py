@@ -379,25 +379,53 @@ class Queue:
             lease._mark_lost(exc)
             raise
 
-    def _settle_many(self, leases: Sequence[Lease]) -> list[errors.LeaseError | None]:
-        """Complete several held leases, in batches where the backend can; one result each.
+    def complete_many(
+        self, leases: Sequence[Lease]
+    ) -> list[errors.LeaseError | errors.LeaseStateError | None]:
+        """Complete several leases in as few backend calls as the backend allows.
 
-        Used by the Consumer and the Spark source. A lease that is not held gets
-        a :class:`LeaseStateError`-free ``LeaseLost`` result only if it was lost.
+        Parameters:
+            leases: leases of this queue.
+
+        Returns:
+            One result per lease, in order: ``None`` when completed; a
+            :class:`LeaseLost` (the lease is marked lost) or another leasekit
+            error from the backend; a :class:`LeaseStateError` for a lease that
+            was already settled. Nothing is raised for one bad lease.
+
+        Raises:
+            InvalidArgument: a lease of another queue (nothing is completed).
         """
+        for lease in leases:
+            if lease.queue is not self:
+                raise errors.InvalidArgument(
+                    f"lease of message {lease.message.id!r} belongs to queue "
+                    f"{lease.queue.name!r}, not {self.name!r}"
+                )
+        return self._settle_many(leases)
+
+    def _settle_many(
+        self, leases: Sequence[Lease]
+    ) -> list[errors.LeaseError | errors.LeaseStateError | None]:
+        """Complete held leases in backend-sized batches; one result each (see complete_many)."""
         self._require_open()
-        results: list[errors.LeaseError | None] = [None] * len(leases)
+        results: list[errors.LeaseError | errors.LeaseStateError | None] = [None] * len(leases)
         size = self.capabilities.max_delete_batch
         for start in range(0, len(leases), size):
             chunk = list(leases[start : start + size])
-            for lease in chunk:
+            # A stable lock order, so two callers settling overlapping lists cannot deadlock.
+            for lease in sorted(set(chunk), key=id):
                 lease._lock.acquire()
             try:
                 live = [(i, lz) for i, lz in enumerate(chunk) if lz._state is LeaseState.HELD]
                 for i, lz in enumerate(chunk):
-                    if lz._state is not LeaseState.HELD:
+                    if lz._state is LeaseState.LOST:
                         results[start + i] = errors.LeaseLost(
-                            f"message {lz.message.id!r} was not held ({lz._state.value})"
+                            f"message {lz.message.id!r}: the lease was lost earlier"
+                        )
+                    elif lz._state is not LeaseState.HELD:
+                        results[start + i] = errors.LeaseStateError(
+                            f"message {lz.message.id!r}: the lease is already {lz._state.value}"
                         )
                 if not live:
                     continue
@@ -417,14 +445,14 @@ class Queue:
                     if result is None:
                         lz._state = LeaseState.COMPLETED
                         continue
-                    error = wrap_error(self._driver, result, "complete")
+                    error = wrap_error(self._driver, result, f"complete on {self.name!r}")
                     if error is not result:
                         error.__cause__ = result
                     if isinstance(error, errors.LeaseLost):
                         lz._mark_lost(error)
                     results[start + i] = error
             finally:
-                for lease in chunk:
+                for lease in set(chunk):
                     lease._lock.release()
             for i, lz in enumerate(chunk):
                 if results[start + i] is None:

@@ -357,18 +357,17 @@ class LeaseModel(RuleBasedStateMachine):
     @precondition(has_leases)
     @rule(leases=st.lists(leases, min_size=1, max_size=4, unique_by=id))
     def complete_many(self, leases: list[Lease]) -> None:
-        """The internal batch complete (``Queue._settle_many``) gives one result per lease."""
+        """``Queue.complete_many`` gives one result per lease."""
         handles = [self.model_of(lz) for lz in leases]
         expected = [self.expected_failure(h) for h in handles]
-        results = self.queue._settle_many(leases)
+        results = self.queue.complete_many(leases)
         for handle, error, result in zip(handles, expected, results, strict=True):
             if error is None:
                 assert result is None, f"{handle.message.id}: {result!r}"
                 handle.state = State.COMPLETED
                 handle.message.gone = True
             else:
-                # _settle_many reports a settled lease as "not held", a LeaseLost result.
-                assert isinstance(result, LeaseLost), f"{handle.message.id}: {result!r}"
+                assert isinstance(result, error), f"{handle.message.id}: {result!r}"
                 if handle.state is State.HELD:
                     handle.state = State.LOST
                     assert handle.lease.state is leasekit.LeaseState.LOST
