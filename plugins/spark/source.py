@@ -1,0 +1,454 @@
+"""The streaming source: leases on the driver, rows in the partitions, complete on commit.
+
+Where each part runs (PySpark's Python Data Source API, observed on Spark 4.3):
+
+* ``__init__`` runs in two or three processes: it only parses options (no I/O).
+* ``initialOffset``, ``latestOffset``, ``partitions``, ``commit`` and ``stop`` run
+  in **one long-lived driver-side Python process** per query. That process
+  opens the queue, leases, and holds every uncommitted lease in a
+  :class:`~leasekit.LeaseKeeper` (the "planner state", dropped on pickling).
+* ``read`` runs in executor Python workers. It never touches the queue: the
+  leased messages travel inside the pickled :class:`LeasedPartition` objects.
+
+Offsets are ``{"run": str, "seq": int, "messages": int}``: ``seq`` counts the
+batches this query has planned (over all its runs), ``messages`` the messages
+leased so far, and ``run`` names the planner process that leased them (a
+random token made on its first call). The rows of batch ``seq`` exist only in
+the memory of run ``run``.
+
+The guarantee (at least once):
+
+1. ``latestOffset(start)`` leases up to ``maxMessagesPerBatch`` messages, puts
+   them in the keeper and returns ``seq + 1``. Asked again with the same start
+   before planning, it returns the same end (nothing more is leased).
+2. ``partitions(start, end)`` ships the batch's messages to the executors.
+3. Spark calls ``commit(end of batch N)`` when it plans batch N+1, after batch
+   N's output was committed by the sink. Only then are batch N's messages
+   completed (``Queue._settle_many``, in the backend's delete batches). When the
+   queue goes idle, the source returns **one empty heartbeat offset** so that
+   Spark plans one more (empty) batch and commits the last real one.
+4. A query that fails or is stopped before that commit never completes the
+   batch's messages. On a graceful stop (SIGTERM to the planner process, or
+   ``stop()``) the source abandons its uncommitted leases (``releaseOnStop``,
+   default on), so the messages are visible again at once; if the process dies
+   harder (SIGKILL, lost machine), the keeper dies with it and the leases lapse
+   after at most ``leaseDuration`` seconds. Either way the messages come back
+   with ``delivery_count + 1`` and a later batch delivers them.
+5. On restart Spark re-plans the uncommitted batch from the checkpoint with the
+   same offsets in a new planner process that holds no leases for it. That
+   batch is **replayed empty**: the source never fabricates rows it does not
+   hold. Its messages are delivered by later batches once they come back (4.).
+   ``commit`` of an end offset the process does not hold is a no-op.
+
+So: every message is delivered in at least one batch whose sink output Spark
+committed before the message was completed; no message is completed before
+that. A message may be delivered more than once — in a batch that failed, in
+a batch that succeeded but whose source commit never came (a stop between the
+sink's commit and the next planning), or when a lease was lost (renewals kept
+failing) before the commit. Make the sink idempotent on ``id``, which is stable
+across redeliveries (e.g. ``dropDuplicates(["id"])``, a MERGE on ``id``).
+Batch ``N`` of a restarted query is not the same rows as batch ``N`` of the
+failed run: do not key idempotency on Spark's batch id alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import signal
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
+
+from leasekit import errors
+from leasekit.keeper import LeaseKeeper
+from leasekit.lease import Lease
+from leasekit.message import LeaseState
+from leasekit.options import as_bool
+from leasekit.queue import MAX_LEASE_BATCH, Queue
+
+from ._options import QueueOptions, float_option, int_option
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql.types import StructType
+
+__all__ = [
+    "DEFAULT_MAX_MESSAGES",
+    "DEFAULT_PARTITIONS",
+    "SCHEMA",
+    "LeasedPartition",
+    "LeasekitStreamReader",
+]
+
+_log = logging.getLogger("leasekit.spark")
+
+#: The source's schema (``body`` is the raw bytes; cast it to string yourself).
+SCHEMA = (
+    "id STRING, body BINARY, delivery_count INT, enqueued_at TIMESTAMP, "
+    "properties MAP<STRING, STRING>"
+)
+#: Messages one micro-batch leases at most (option ``maxMessagesPerBatch``).
+#: Per-batch cost is mostly fixed (planning, task launch, commit), so bigger
+#: batches give more throughput; all of a batch's leases stay held (and
+#: renewed) in the driver-side process until the batch commits.
+DEFAULT_MAX_MESSAGES = 1000
+#: Spark partitions (tasks) per micro-batch (option ``numPartitions``); never
+#: more than the batch has messages.
+DEFAULT_PARTITIONS = 2
+#: Seconds a graceful stop spends abandoning uncommitted leases before it lets
+#: the rest lapse (the process is being terminated: stay short).
+RELEASE_BUDGET = 5.0
+
+
+def _offset(run: str, seq: int, messages: int) -> dict[str, Any]:
+    return {"run": run, "seq": seq, "messages": messages}
+
+
+def _seq(offset: Mapping[str, Any]) -> int:
+    return int(offset.get("seq", 0))
+
+
+@dataclass(repr=False)
+class LeasedPartition(InputPartition):
+    """One Spark task's share of a micro-batch: the leased messages, column by column.
+
+    Pickled by the driver-side process and read on an executor; it holds plain
+    data only (no lease, no queue, no client).
+    """
+
+    batch: int
+    index: int
+    ids: list[str] = field(default_factory=list)
+    bodies: list[bytes] = field(default_factory=list)
+    delivery_counts: list[int] = field(default_factory=list)
+    #: Microseconds since the epoch (UTC), what Spark's TIMESTAMP holds.
+    enqueued_at: list[int] = field(default_factory=list)
+    properties: list[list[tuple[str, str]]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __repr__(self) -> str:
+        return f"LeasedPartition(batch={self.batch}, index={self.index}, messages={len(self)})"
+
+    def append(self, lease: Lease) -> None:
+        """Add one leased message's row."""
+        message = lease.message
+        stamp = message.enqueued_at
+        if stamp.tzinfo is None:
+            stamp = stamp.replace(tzinfo=UTC)
+        self.ids.append(message.id)
+        self.bodies.append(message.body)
+        self.delivery_counts.append(message.delivery_count)
+        self.enqueued_at.append(int(stamp.timestamp() * 1_000_000))
+        self.properties.append(list(message.properties.items()))
+
+    def to_arrow(self, schema: pa.Schema) -> pa.RecordBatch:
+        """The rows as one Arrow record batch of ``schema`` (the source's, as Spark sees it)."""
+        import pyarrow as pa
+
+        columns = (self.ids, self.bodies, self.delivery_counts, self.enqueued_at, self.properties)
+        arrays = [pa.array(values, type=schema.field(i).type) for i, values in enumerate(columns)]
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+@dataclass(eq=False)
+class _Batch:
+    seq: int
+    start: int
+    leases: list[Lease]
+    planned: bool = False
+
+
+class _Planner:
+    """The driver-side state: the queue, the keeper and the uncommitted batches."""
+
+    def __init__(self, reader: LeasekitStreamReader) -> None:
+        self.run = secrets.token_hex(6)
+        self.queue: Queue = reader.queue_options.open(lease_duration=reader.lease_duration)
+        self.duration = self.queue.default_lease_duration
+        self.keeper = LeaseKeeper(max_lifetime=reader.max_lease_lifetime)
+        self.batches: dict[int, _Batch] = {}
+        # Reentrant: the SIGTERM handler runs stop() on the main thread, maybe inside a call.
+        self.lock = threading.RLock()
+        self.leased = 0
+        self.completed = 0
+        self.commit_failures = 0
+        self.stopped = False
+
+    def held(self) -> int:
+        return sum(len(b.leases) for b in self.batches.values())
+
+
+class LeasekitStreamReader(DataSourceStreamReader):
+    """The ``DataSourceStreamReader`` behind ``spark.readStream.format("leasekit")``.
+
+    Options (strings, names case-insensitive):
+
+    ``url``
+        the queue URL (required), e.g. ``sqlite:///jobs.db?queue=jobs``.
+    ``backend.<name>``
+        a keyword option for :func:`leasekit.open` (credentials, endpoints).
+    ``leaseDuration``
+        the physical lease in seconds (the queue's default if absent); the keeper
+        renews it until the batch commits, so this is how long a crashed query's
+        messages stay invisible.
+    ``maxMessagesPerBatch``
+        messages per micro-batch, at most (default 1000).
+    ``numPartitions``
+        Spark tasks per micro-batch (default 2).
+    ``wait``
+        seconds ``latestOffset`` long-polls an idle queue (default 0: Spark's
+        own trigger polls; raise it on backends that charge per request).
+    ``maxLeaseLifetime``
+        stop renewing a batch's leases after this many seconds (default: until
+        the batch commits); a stuck query then lets its messages go.
+    ``releaseOnStop``
+        abandon uncommitted leases on a graceful stop (default true).
+    ``create``
+        create the queue if it is missing (default false).
+    """
+
+    def __init__(self, schema: StructType, options: Mapping[str, str]) -> None:
+        self.schema = schema
+        self.queue_options = QueueOptions(options)
+        self.lease_duration = float_option(options, "leaseDuration", None, minimum=0)
+        self.max_messages = int_option(options, "maxMessagesPerBatch", DEFAULT_MAX_MESSAGES)
+        self.num_partitions = int_option(options, "numPartitions", DEFAULT_PARTITIONS)
+        self.wait = float_option(options, "wait", 0.0) or 0.0
+        self.max_lease_lifetime = float_option(options, "maxLeaseLifetime", None, minimum=0)
+        self.release_on_stop = as_bool(options.get("releaseonstop", "true"), "releaseOnStop")
+        self._planner: _Planner | None = None
+        self._arrow_schema: pa.Schema | None = None
+
+    # ------------------------------------------------------------- pickling
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_planner"] = None  # queue, keeper, leases, locks: driver-side only
+        state["_arrow_schema"] = None
+        return state
+
+    # ------------------------------------------------------- driver side
+
+    def _state(self) -> _Planner:
+        if self._planner is None:
+            self._planner = _Planner(self)
+            _install_sigterm(self)
+            _log.info(
+                "leasekit source %s on %r: %d messages per batch, %g s leases",
+                self._planner.run,
+                self._planner.queue,
+                self.max_messages,
+                self._planner.duration,
+            )
+        return self._planner
+
+    def initialOffset(self) -> dict[str, Any]:
+        """The empty start of a new query (no I/O)."""
+        return _offset("", 0, 0)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        """``ReadMaxRows(maxMessagesPerBatch)``."""
+        return ReadMaxRows(self.max_messages)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        """Lease the next batch (or return a heartbeat / ``start``); see the module doc."""
+        planner = self._state()
+        start_seq = _seq(start)
+        with planner.lock:
+            for batch in planner.batches.values():
+                if batch.start == start_seq and not batch.planned:
+                    # Asked again before planning: the same batch, nothing more leased.
+                    return _offset(
+                        planner.run, batch.seq, int(start.get("messages", 0)) + len(batch.leases)
+                    )
+            waiting = any(b.seq <= start_seq for b in planner.batches.values())
+        want = self._limit(limit)
+        leases = self._lease(planner, want, wait=0.0 if waiting else self.wait)
+        messages = int(start.get("messages", 0))
+        with planner.lock:
+            if leases:
+                seq = start_seq + 1
+                planner.batches[seq] = _Batch(seq, start_seq, leases)
+                planner.leased += len(leases)
+                return _offset(planner.run, seq, messages + len(leases))
+            if waiting:
+                # Idle, but a planned batch awaits its commit, which Spark sends only
+                # when it plans the next batch: give it one (empty) to plan.
+                return _offset(planner.run, start_seq + 1, messages)
+        return start
+
+    def _limit(self, limit: ReadLimit) -> int:
+        if isinstance(limit, ReadMaxRows) and limit.max_rows > 0:
+            return int(limit.max_rows)
+        # ReadAllAvailable (or another limit): a queue has no "all" — leasing it
+        # whole would hold every message in this process — so lease one batch.
+        return self.max_messages
+
+    def _lease(self, planner: _Planner, want: int, *, wait: float) -> list[Lease]:
+        leases: list[Lease] = []
+        while len(leases) < want and not planner.stopped:
+            ask = min(MAX_LEASE_BATCH, want - len(leases))
+            got = planner.queue.lease(ask, duration=planner.duration, wait=0 if leases else wait)
+            for lease in got:
+                planner.keeper.add(lease)
+            leases.extend(got)
+            if len(got) < ask:
+                break
+        return leases
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        """The batch's messages split into ``numPartitions`` picklable partitions.
+
+        A batch this process did not lease (re-planned after a restart) gives
+        no partitions: its messages come back to the queue when their old
+        leases are released or lapse, and a later batch delivers them.
+        """
+        seq = _seq(end)
+        if seq == _seq(start) or int(end.get("messages", 0)) == int(start.get("messages", 0)):
+            return []  # no batch, or a heartbeat (it carries no messages)
+        planner = self._state()
+        with planner.lock:
+            batch = planner.batches.get(seq) if end.get("run") == planner.run else None
+            if batch is None:
+                _log.warning(
+                    "batch %s (run %r) was leased by an earlier planner process that is gone; "
+                    "replaying it empty: its messages return to the queue when their leases "
+                    "are released or lapse, and a later batch delivers them",
+                    seq,
+                    end.get("run"),
+                )
+                return []
+            batch.planned = True
+            leases = [lz for lz in batch.leases if lz.state is LeaseState.HELD]
+        count = min(self.num_partitions, len(leases))
+        if count == 0:
+            return []
+        size = math.ceil(len(leases) / count)
+        parts: list[LeasedPartition] = []
+        for index in range(count):
+            part = LeasedPartition(seq, index)
+            for lease in leases[index * size : (index + 1) * size]:
+                part.append(lease)
+            if len(part):
+                parts.append(part)
+        return parts
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Complete the messages of every batch up to ``end`` (Spark committed their output)."""
+        planner = self._state()
+        seq = _seq(end)
+        with planner.lock:
+            done = [b for b in planner.batches.values() if b.seq <= seq]
+            for batch in done:
+                del planner.batches[batch.seq]
+        leases = [lz for batch in done for lz in batch.leases]
+        if not leases:
+            return
+        for lease in leases:
+            planner.keeper.discard(lease)
+        try:
+            results = planner.queue._settle_many(leases)
+        except (errors.LeaseError, errors.LeaseStateError) as exc:
+            planner.commit_failures += len(leases)
+            _log.error(
+                "could not complete the %d messages of batches up to %s (%s); "
+                "they will be delivered again",
+                len(leases),
+                seq,
+                exc,
+            )
+            return
+        failed = [r for r in results if r is not None]
+        planner.completed += len(leases) - len(failed)
+        if failed:
+            planner.commit_failures += len(failed)
+            _log.warning(
+                "%d of %d messages of batches up to %s were not completed (first: %s); "
+                "they may be delivered again",
+                len(failed),
+                len(leases),
+                seq,
+                failed[0],
+            )
+
+    def stop(self) -> None:
+        """Release what this process holds: abandon uncommitted leases, stop the keeper."""
+        planner = self._planner
+        if planner is None or planner.stopped:
+            return
+        planner.stopped = True
+        with planner.lock:
+            leases = [lz for b in planner.batches.values() for lz in b.leases]
+            planner.batches.clear()
+        try:
+            planner.keeper.stop()
+            if self.release_on_stop:
+                _release(leases, time.monotonic() + RELEASE_BUDGET)
+        finally:
+            planner.queue.close()
+
+    # ----------------------------------------------------- executor side
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """Yield the partition's rows as one Arrow batch (no queue access here)."""
+        if not isinstance(partition, LeasedPartition) or not len(partition):
+            return
+        if self._arrow_schema is None:
+            from pyspark.sql.pandas.types import to_arrow_schema
+
+            self._arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
+        yield partition.to_arrow(self._arrow_schema)
+
+
+def _release(leases: Sequence[Lease], deadline: float) -> None:
+    """Abandon held leases until ``deadline``; the rest lapse on their own."""
+    released = 0
+    for lease in leases:
+        if time.monotonic() >= deadline:
+            break
+        if lease.state is not LeaseState.HELD:
+            continue
+        try:
+            lease.abandon()
+            released += 1
+        except (errors.LeaseError, errors.LeaseStateError):
+            continue
+    if leases:
+        _log.info("released %d of %d uncommitted leases", released, len(leases))
+
+
+def _install_sigterm(reader: LeasekitStreamReader) -> None:
+    """On SIGTERM (Spark stopping the query), leave through ``stop()`` and release leases.
+
+    Spark terminates the driver-side process with SIGTERM when a query stops
+    or fails, and its ``finally: reader.stop()`` runs only if the process
+    leaves by an exception: turn the signal into one. Only possible in the
+    main thread (where Spark's runner calls us); elsewhere leases just lapse.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        # Spark sends SIGTERM more than once; a second one must not interrupt the
+        # release (its SystemExit would cut the abandon loop short).
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            reader.stop()
+        finally:
+            raise SystemExit(143)
+
+    try:
+        signal.signal(signal.SIGTERM, on_sigterm)
+    except ValueError:  # pragma: no cover - not the main thread after all
+        return
