@@ -310,6 +310,14 @@ class _Gate:
     end_turn = _release
 
 
+def _installed(module: str) -> bool:
+    """Whether ``module`` imports (``find_spec`` raises if a parent package is missing)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:
+        return False
+
+
 def _parse_connection_string(text: str) -> dict[str, str]:
     """The ``key=value;`` pairs of a connection string, keys lowercased."""
     parts: dict[str, str] = {}
@@ -413,7 +421,7 @@ class ServiceBusDriver(Driver):
             endpoint = parts.get("endpoint", "")
             endpoint_host = endpoint.split("://", 1)[-1].strip("/")
         if namespace is not None:
-            namespace = namespace.strip().strip("/")
+            namespace = namespace.strip().split("://", 1)[-1].strip("/")
             if "." not in namespace.split(":")[0]:
                 namespace += ".servicebus.windows.net"
             if endpoint_host and endpoint_host.lower() != namespace.lower():
@@ -450,7 +458,7 @@ class ServiceBusDriver(Driver):
             )
         size = as_int(max_message_size, "max_message_size", minimum=HEADER_ROOM + 1)
         wait = as_float(max_wait, "max_wait", minimum=MIN_WAIT)
-        if importlib.util.find_spec("azure.servicebus") is None:
+        if not _installed("azure.servicebus"):
             raise BackendNotInstalled(
                 "backend 'azure-service-bus' needs azure-servicebus; install it with: "
                 "pip install 'leasekit[azure-service-bus]'"
@@ -677,6 +685,9 @@ class ServiceBusDriver(Driver):
                     max_message_count=max_messages,
                     max_wait_time=min(max(remaining, MIN_WAIT), RECEIVE_SLICE),
                 )
+            except Exception as exc:
+                self._settle_error(exc)  # notes a missing queue for later settles
+                raise
             finally:
                 self._gate.end_turn()
             self._entity_missing = False
@@ -962,7 +973,7 @@ class ServiceBusDriver(Driver):
         return ServiceBusAdministrationClient(self.namespace, self._secret.value)
 
     def _emulator_admin(self, action: str) -> None:
-        if importlib.util.find_spec("proton") is None:
+        if not _installed("proton"):
             raise DriverError(
                 ErrorCode.UNSUPPORTED,
                 "azure-service-bus: creating or deleting a queue on leasekit's emulator "
