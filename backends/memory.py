@@ -177,6 +177,31 @@ def _lost(what: str) -> DriverError:
     return DriverError(ErrorCode.LEASE_LOST, what, backend_code="LeaseLost")
 
 
+#: The defaults (shown by ``leasekit backends``); options can change some per queue.
+CAPABILITIES = Capabilities(
+    min_lease=0.01,
+    max_lease=WEEK,
+    lease_resolution=0.001,
+    renew_rotates_receipt=False,
+    detects_stale_receipts=True,
+    expired_receipt_usable=True,
+    max_receive_batch=BATCH,
+    max_delete_batch=BATCH,
+    max_renew_batch=BATCH,
+    max_send_batch=BATCH,
+    max_message_size=256 * 1024,
+    max_wait=1.0,
+    max_abandon_delay=WEEK,
+    max_send_delay=WEEK,
+    max_ttl=365 * 24 * 3600.0,
+    supports_properties=True,
+    native_dead_letter=True,
+    delivery_count=True,
+    queue_stats=True,
+    inspect_dead_letters=True,
+)
+
+
 class MemoryDriver(Driver):
     """Driver for one in-memory queue.
 
@@ -190,6 +215,7 @@ class MemoryDriver(Driver):
     """
 
     scheme = "memory"
+    capabilities = CAPABILITIES
 
     def __init__(
         self,
@@ -208,27 +234,8 @@ class MemoryDriver(Driver):
         self._clock = self.broker.clock
         self._rotate = as_bool(rotate_receipts, "rotate_receipts")
         size = as_int(max_message_size, "max_message_size", minimum=1)
-        self.capabilities = Capabilities(
-            min_lease=0.01,
-            max_lease=WEEK,
-            lease_resolution=0.001,
-            renew_rotates_receipt=self._rotate,
-            detects_stale_receipts=True,
-            expired_receipt_usable=True,
-            max_receive_batch=BATCH,
-            max_delete_batch=BATCH,
-            max_renew_batch=BATCH,
-            max_send_batch=BATCH,
-            max_message_size=size,
-            max_wait=1.0,
-            max_abandon_delay=WEEK,
-            max_send_delay=WEEK,
-            max_ttl=365 * 24 * 3600.0,
-            supports_properties=True,
-            native_dead_letter=True,
-            delivery_count=True,
-            queue_stats=True,
-            inspect_dead_letters=True,
+        self.capabilities = CAPABILITIES.replace(
+            renew_rotates_receipt=self._rotate, max_message_size=size
         )
 
     def __repr__(self) -> str:

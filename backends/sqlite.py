@@ -140,6 +140,31 @@ def _lost(what: str) -> DriverError:
     return DriverError(ErrorCode.LEASE_LOST, what, backend_code="LeaseLost")
 
 
+#: The defaults (shown by ``leasekit backends``); options can change some per queue.
+CAPABILITIES = Capabilities(
+    min_lease=0.01,
+    max_lease=30 * DAY,
+    lease_resolution=0.001,
+    renew_rotates_receipt=False,
+    detects_stale_receipts=True,
+    expired_receipt_usable=True,
+    max_receive_batch=BATCH,
+    max_delete_batch=BATCH,
+    max_renew_batch=BATCH,
+    max_send_batch=BATCH,
+    max_message_size=1024 * 1024,
+    max_wait=0.0,
+    max_abandon_delay=30 * DAY,
+    max_send_delay=30 * DAY,
+    max_ttl=3650 * DAY,
+    supports_properties=True,
+    native_dead_letter=True,
+    delivery_count=True,
+    queue_stats=True,
+    inspect_dead_letters=True,
+)
+
+
 class SqliteDriver(Driver):
     """Driver for one queue in a SQLite file.
 
@@ -154,6 +179,7 @@ class SqliteDriver(Driver):
     """
 
     scheme = "sqlite"
+    capabilities = CAPABILITIES
 
     def __init__(
         self,
@@ -179,27 +205,8 @@ class SqliteDriver(Driver):
         self._lock = threading.Lock()
         self._last_purge = 0.0
         self._pid = os.getpid()
-        self.capabilities = Capabilities(
-            min_lease=0.01,
-            max_lease=30 * DAY,
-            lease_resolution=0.001,
-            renew_rotates_receipt=False,
-            detects_stale_receipts=True,
-            expired_receipt_usable=True,
-            max_receive_batch=BATCH,
-            max_delete_batch=BATCH,
-            max_renew_batch=BATCH,
-            max_send_batch=BATCH,
-            max_message_size=as_int(max_message_size, "max_message_size", minimum=1),
-            max_wait=0.0,
-            max_abandon_delay=30 * DAY,
-            max_send_delay=30 * DAY,
-            max_ttl=3650 * DAY,
-            supports_properties=True,
-            native_dead_letter=True,
-            delivery_count=True,
-            queue_stats=True,
-            inspect_dead_letters=True,
+        self.capabilities = CAPABILITIES.replace(
+            max_message_size=as_int(max_message_size, "max_message_size", minimum=1)
         )
 
     @classmethod
