@@ -9,7 +9,7 @@ import leasekit
 from leasekit.errors import InvalidArgument
 from leasekit.options import as_bool, as_float, as_int
 
-__all__ = ["BACKEND_PREFIX", "QueueOptions", "float_option", "int_option"]
+__all__ = ["BACKEND_PREFIX", "QueueOptions", "bool_option", "float_option", "int_option"]
 
 #: Options under this prefix go to :func:`leasekit.open` as keyword options
 #: (``.option("backend.access_key_id", ...)`` → ``access_key_id=...``); the
@@ -76,5 +76,16 @@ def int_option(options: Mapping[str, str], name: str, default: int, *, minimum: 
         return default
     try:
         return as_int(value, name, minimum=minimum)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
+
+
+def bool_option(options: Mapping[str, str], name: str, default: bool) -> bool:
+    """A true/false option."""
+    value = _get(options, name)
+    if value is None or value == "":
+        return default
+    try:
+        return as_bool(value, name)
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from None

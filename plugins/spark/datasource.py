@@ -11,7 +11,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from .sink import LeasekitStreamWriter, LeasekitWriter
-from .source import SCHEMA, LeasekitStreamReader
+from .source import LeasekitStreamReader, source_schema
 
 __all__ = ["LeasekitDataSource"]
 
@@ -29,9 +29,9 @@ class LeasekitDataSource(DataSource):
         """The format name."""
         return "leasekit"
 
-    def schema(self) -> str:
+    def schema(self) -> StructType:
         """The source's rows: id, body, delivery_count, enqueued_at, properties."""
-        return SCHEMA
+        return source_schema()
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         """The leased streaming source."""

@@ -60,6 +60,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC
 from types import FrameType
@@ -72,10 +73,9 @@ from leasekit import errors
 from leasekit.keeper import LeaseKeeper
 from leasekit.lease import Lease
 from leasekit.message import LeaseState
-from leasekit.options import as_bool
 from leasekit.queue import MAX_LEASE_BATCH, Queue
 
-from ._options import QueueOptions, float_option, int_option
+from ._options import QueueOptions, bool_option, float_option, int_option
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -87,6 +87,7 @@ __all__ = [
     "SCHEMA",
     "LeasedPartition",
     "LeasekitStreamReader",
+    "source_schema",
 ]
 
 _log = logging.getLogger("leasekit.spark")
@@ -96,6 +97,31 @@ SCHEMA = (
     "id STRING, body BINARY, delivery_count INT, enqueued_at TIMESTAMP, "
     "properties MAP<STRING, STRING>"
 )
+
+
+def source_schema() -> StructType:
+    """:data:`SCHEMA` as a ``StructType`` (built without a SparkContext)."""
+    from pyspark.sql.types import (
+        BinaryType,
+        IntegerType,
+        MapType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampType,
+    )
+
+    return StructType(
+        [
+            StructField("id", StringType()),
+            StructField("body", BinaryType()),
+            StructField("delivery_count", IntegerType()),
+            StructField("enqueued_at", TimestampType()),
+            StructField("properties", MapType(StringType(), StringType())),
+        ]
+    )
+
+
 #: Messages one micro-batch leases at most (option ``maxMessagesPerBatch``).
 #: Per-batch cost is mostly fixed (planning, task launch, commit), so bigger
 #: batches give more throughput; all of a batch's leases stay held (and
@@ -184,9 +210,12 @@ class _Planner:
         self.completed = 0
         self.commit_failures = 0
         self.stopped = False
-
-    def held(self) -> int:
-        return sum(len(b.leases) for b in self.batches.values())
+        #: Leased ahead (prefetched) for the next batch, not in any batch yet.
+        self.ready: list[Lease] = []
+        self.prefetch: Future[None] | None = None
+        #: One thread for the queue work that overlaps the running batch: completing
+        #: committed batches, then leasing the next one. One thread keeps them in order.
+        self.background = ThreadPoolExecutor(1, thread_name_prefix="leasekit-spark")
 
 
 class LeasekitStreamReader(DataSourceStreamReader):
@@ -212,6 +241,10 @@ class LeasekitStreamReader(DataSourceStreamReader):
     ``maxLeaseLifetime``
         stop renewing a batch's leases after this many seconds (default: until
         the batch commits); a stuck query then lets its messages go.
+    ``prefetch``
+        lease the next batch in the background while the current one runs
+        (default true): the planner's queue work overlaps the batch. The
+        prefetched messages are held (renewed) like a batch's.
     ``releaseOnStop``
         abandon uncommitted leases on a graceful stop (default true).
     ``create``
@@ -226,7 +259,8 @@ class LeasekitStreamReader(DataSourceStreamReader):
         self.num_partitions = int_option(options, "numPartitions", DEFAULT_PARTITIONS)
         self.wait = float_option(options, "wait", 0.0) or 0.0
         self.max_lease_lifetime = float_option(options, "maxLeaseLifetime", None, minimum=0)
-        self.release_on_stop = as_bool(options.get("releaseonstop", "true"), "releaseOnStop")
+        self.prefetch = bool_option(options, "prefetch", True)
+        self.release_on_stop = bool_option(options, "releaseOnStop", True)
         self._planner: _Planner | None = None
         self._arrow_schema: pa.Schema | None = None
 
@@ -274,7 +308,11 @@ class LeasekitStreamReader(DataSourceStreamReader):
                     )
             waiting = any(b.seq <= start_seq for b in planner.batches.values())
         want = self._limit(limit)
-        leases = self._lease(planner, want, wait=0.0 if waiting else self.wait)
+        leases = self._take_ready(planner, want)
+        if len(leases) < want:
+            leases += self._lease(
+                planner, want - len(leases), wait=0.0 if waiting or leases else self.wait
+            )
         messages = int(start.get("messages", 0))
         with planner.lock:
             if leases:
@@ -294,6 +332,39 @@ class LeasekitStreamReader(DataSourceStreamReader):
         # ReadAllAvailable (or another limit): a queue has no "all" — leasing it
         # whole would hold every message in this process — so lease one batch.
         return self.max_messages
+
+    def _take_ready(self, planner: _Planner, want: int) -> list[Lease]:
+        """The prefetched leases (waiting for the prefetch to finish), at most ``want``."""
+        future, planner.prefetch = planner.prefetch, None
+        if future is not None:
+            future.result()  # it logs its own errors; raises only if cancelled
+        with planner.lock:
+            live = [lz for lz in planner.ready if lz.state is LeaseState.HELD]
+            taken, planner.ready = live[:want], live[want:]
+        return taken
+
+    def _prefetch(self, planner: _Planner) -> None:
+        """Lease the next batch in the background while the current one runs."""
+        if not self.prefetch or planner.stopped:
+            return
+        with planner.lock:
+            want = self.max_messages - len(planner.ready)
+        if want <= 0:
+            return
+
+        def work() -> None:
+            try:
+                leases = self._lease(planner, want, wait=0.0)
+            except Exception as exc:  # the synchronous lease in latestOffset retries
+                _log.warning("prefetching the next batch failed: %s", exc)
+                return
+            with planner.lock:
+                planner.ready.extend(leases)
+
+        try:
+            planner.prefetch = planner.background.submit(work)
+        except RuntimeError:  # shutting down
+            planner.prefetch = None
 
     def _lease(self, planner: _Planner, want: int, *, wait: float) -> list[Lease]:
         leases: list[Lease] = []
@@ -329,8 +400,11 @@ class LeasekitStreamReader(DataSourceStreamReader):
                     end.get("run"),
                 )
                 return []
+            first_time = not batch.planned
             batch.planned = True
             leases = [lz for lz in batch.leases if lz.state is LeaseState.HELD]
+        if first_time:
+            self._prefetch(planner)
         count = min(self.num_partitions, len(leases))
         if count == 0:
             return []
@@ -357,6 +431,14 @@ class LeasekitStreamReader(DataSourceStreamReader):
             return
         for lease in leases:
             planner.keeper.discard(lease)
+        try:
+            # Completing overlaps the next batch; the worker runs jobs in order, so
+            # this finishes before the prefetch queued after it.
+            planner.background.submit(self._settle, planner, leases, seq)
+        except RuntimeError:  # shutting down: complete here
+            self._settle(planner, leases, seq)
+
+    def _settle(self, planner: _Planner, leases: list[Lease], seq: int) -> None:
         try:
             results = planner.queue._settle_many(leases)
         except (errors.LeaseError, errors.LeaseStateError) as exc:
@@ -388,9 +470,14 @@ class LeasekitStreamReader(DataSourceStreamReader):
         if planner is None or planner.stopped:
             return
         planner.stopped = True
+        # Let queued completions of committed batches finish (else they would be
+        # delivered again); a running prefetch stops after its current call.
+        planner.background.shutdown(wait=True)
         with planner.lock:
             leases = [lz for b in planner.batches.values() for lz in b.leases]
+            leases += planner.ready
             planner.batches.clear()
+            planner.ready = []
         try:
             planner.keeper.stop()
             if self.release_on_stop:
