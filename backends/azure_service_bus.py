@@ -502,6 +502,7 @@ class ServiceBusDriver(Driver):
             max_abandon_delay=0.0,
             max_send_delay=MAX_SEND_DELAY,
             max_ttl=MAX_TTL,
+            ttl_ends_lease=False,  # a locked message outlives its TTL until the lock ends
             supports_properties=True,
             native_dead_letter=True,
             delivery_count=True,

@@ -62,6 +62,10 @@ class Capabilities:
     max_send_delay: float = 0.0
     #: Longest time-to-live on send; ``None`` if TTL is not supported.
     max_ttl: float | None = None
+    #: A message's time-to-live ends it even while it is leased (renewal cannot
+    #: keep it alive). Service Bus: ``False`` (a locked message outlives its TTL
+    #: until the lock ends).
+    ttl_ends_lease: bool = True
     #: Messages carry string properties.
     supports_properties: bool = True
     #: The backend dead-letters natively (else core moves to ``<queue>-poison``).

@@ -262,21 +262,21 @@ class LeaseKeeper:
     # ------------------------------------------------------------- scheduling
 
     def _due(self, lease: Lease, now: float) -> float:
-        """Monotonic time at which ``lease`` should be renewed."""
+        """Monotonic time of a newly added lease's first renewal.
+
+        The first renewal point is spread up to ``JITTER`` of the lease earlier
+        at random, so a burst of leases added together does not stay one burst
+        forever; later renewals of leases renewed together stay together (they
+        share a batch call).
+        """
         remaining = lease.expires_at.timestamp() - time.time()
-        return now + remaining - self._lead(lease.duration)
+        jitter = random.random() * JITTER * lease.duration
+        return now + remaining - self._lead(lease.duration) - jitter
 
     def _lead(self, duration: float) -> float:
-        """How long before expiry to renew a lease of ``duration`` seconds.
-
-        At least ``renew_at`` of the lease (and ``margin``), plus up to
-        ``JITTER`` of the lease at random, so leases taken together do not all
-        fall due together (100,000 leases leased in one burst would otherwise
-        be renewed in one burst, forever).
-        """
+        """How long before expiry to renew a lease of ``duration`` seconds."""
         lead = max(self.renew_at * duration, self.margin)
-        lead = min(lead, duration * 0.5)  # short leases: renew at half-time at the latest
-        return lead + random.random() * JITTER * duration
+        return min(lead, duration * 0.5)  # short leases: renew at half-time at the latest
 
     def _push(self, held: _Held) -> None:
         """File ``held`` in the bucket of its due time (rounded down: at most TICK early)."""
