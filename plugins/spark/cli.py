@@ -32,7 +32,14 @@ def spark_demo(
         f"[bold]leasekit spark-demo[/]: {messages} sensor readings in an embedded SQLite queue → "
         f"Spark stream ({batch} per micro-batch, {failure}) → per-sensor aggregate in Parquet"
     )
+    from .session import local_session
+
+    spark = local_session(app_name="leasekit-spark-demo")
+    # The injected failure is a real query failure, which Spark logs with long JVM
+    # traces; this command reports the outcome itself.
+    spark.sparkContext.setLogLevel("OFF")
     result = run_pipeline(
+        spark=spark,
         messages=messages,
         sensors=sensors,
         batch=batch,
