@@ -70,6 +70,7 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
 
 from leasekit import errors
+from leasekit.errors import InvalidArgument
 from leasekit.keeper import LeaseKeeper
 from leasekit.lease import Lease
 from leasekit.message import LeaseState
@@ -252,6 +253,11 @@ class LeasekitStreamReader(DataSourceStreamReader):
     """
 
     def __init__(self, schema: StructType, options: Mapping[str, str]) -> None:
+        if schema is not None and schema.simpleString() != source_schema().simpleString():
+            raise InvalidArgument(
+                f"the leasekit source's schema is fixed ({SCHEMA}); got {schema.simpleString()} "
+                "(drop .schema(...) and select or cast columns after load())"
+            )
         self.schema = schema
         self.queue_options = QueueOptions(options)
         self.lease_duration = float_option(options, "leaseDuration", None, minimum=0)

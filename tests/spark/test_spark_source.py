@@ -287,3 +287,10 @@ def test_importing_leasekit_and_the_plugin_package_does_not_import_pyspark() -> 
         "assert callable(s.register)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_reader_refuses_another_schema() -> None:
+    from pyspark.sql.types import IntegerType, StructField, StructType
+
+    with pytest.raises(leasekit.InvalidArgument, match="schema is fixed"):
+        LeasekitStreamReader(StructType([StructField("x", IntegerType())]), {"url": "memory://x"})
