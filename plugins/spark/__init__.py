@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from .distributed import TaskStats, run_consumers
     from .pipeline import PipelineResult, run_pipeline
     from .session import local_session
-    from .source import SCHEMA, LeasedPartition, LeasekitStreamReader
+    from .source import SCHEMA, LeasedPartition, LeasekitStreamReader, source_schema
 
 __all__ = [
     "SCHEMA",
@@ -37,6 +37,7 @@ __all__ = [
     "register",
     "run_consumers",
     "run_pipeline",
+    "source_schema",
 ]
 
 _LAZY = {
@@ -49,6 +50,7 @@ _LAZY = {
     "local_session": "session",
     "run_consumers": "distributed",
     "run_pipeline": "pipeline",
+    "source_schema": "source",
 }
 
 

@@ -21,15 +21,19 @@ The guarantee (at least once):
 1. ``latestOffset(start)`` leases up to ``maxMessagesPerBatch`` messages, puts
    them in the keeper and returns ``seq + 1``. Asked again with the same start
    before planning, it returns the same end (nothing more is leased).
-2. ``partitions(start, end)`` ships the batch's messages to the executors.
+2. ``partitions(start, end)`` ships the batch's messages to the executors,
+   then (``prefetch``, default on) leases the next batch in a background
+   thread while this one runs; those leases are held by the keeper too and
+   become the next batch.
 3. Spark calls ``commit(end of batch N)`` when it plans batch N+1, after batch
    N's output was committed by the sink. Only then are batch N's messages
-   completed (``Queue._settle_many``, in the backend's delete batches). When the
+   completed (``Queue._settle_many``, in the backend's delete batches, on the
+   background thread, before its next prefetch; ``stop()`` waits for it). When the
    queue goes idle, the source returns **one empty heartbeat offset** so that
    Spark plans one more (empty) batch and commits the last real one.
 4. A query that fails or is stopped before that commit never completes the
    batch's messages. On a graceful stop (SIGTERM to the planner process, or
-   ``stop()``) the source abandons its uncommitted leases (``releaseOnStop``,
+   ``stop()``) the source abandons its uncommitted and prefetched leases (``releaseOnStop``,
    default on), so the messages are visible again at once; if the process dies
    harder (SIGKILL, lost machine), the keeper dies with it and the leases lapse
    after at most ``leaseDuration`` seconds. Either way the messages come back

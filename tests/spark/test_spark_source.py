@@ -294,3 +294,11 @@ def test_reader_refuses_another_schema() -> None:
 
     with pytest.raises(leasekit.InvalidArgument, match="schema is fixed"):
         LeasekitStreamReader(StructType([StructField("x", IntegerType())]), {"url": "memory://x"})
+
+
+def test_plugin_exports_resolve() -> None:
+    import leasekit.plugins.spark as plugin
+
+    assert len(set(plugin.__all__)) == len(plugin.__all__)  # (order: ruff's RUF022)
+    for name in plugin.__all__:
+        assert getattr(plugin, name) is not None
