@@ -48,7 +48,8 @@ from leasekit.backends.aws_sqs import (  # noqa: E402 - after the importorskip
 
 class TestSqsConformance(ConformanceSuite):
     @pytest.fixture(scope="class")
-    def harness(self, moto_server: Any) -> Iterator[UrlHarness]:
+    @classmethod
+    def harness(cls, moto_server: Any) -> Iterator[UrlHarness]:
         harness = UrlHarness("aws-sqs", **moto_server.options)
         yield harness
         harness.close()
