@@ -142,8 +142,8 @@ def test_demo_pipeline_counts_every_reading_once_despite_a_failure(
     spark: Any, tmp_path: Path
 ) -> None:
     result = run_pipeline(
-        spark=spark, messages=200, sensors=3, batch=100, fail_batch=1, directory=tmp_path
+        spark=spark, messages=100, sensors=3, batch=100, fail_batch=0, directory=tmp_path
     )
     assert result.ok, result
-    assert result.restarts == 1 and result.redelivered >= 100  # + a prefetched batch
+    assert result.restarts == 1 and result.redelivered == 100
     assert (tmp_path / "aggregate.parquet").exists()
