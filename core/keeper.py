@@ -266,8 +266,8 @@ class LeaseKeeper:
 
         The first renewal point is spread up to ``JITTER`` of the lease earlier
         at random, so a burst of leases added together does not stay one burst
-        forever; later renewals of leases renewed together stay together (they
-        share a batch call).
+        forever; later renewals move each batch as a whole (see ``_renew``), so
+        leases renewed together stay together and share a batch call.
         """
         remaining = lease.expires_at.timestamp() - time.time()
         jitter = random.random() * JITTER * lease.duration
@@ -375,6 +375,9 @@ class LeaseKeeper:
             ] * len(leases)
         self.stats.renew_calls += 1
         now = time.monotonic()
+        # One random offset for the whole batch: its leases stay together (one call
+        # next time too) while batches drift apart, so a burst of leases spreads out.
+        lead = self._lead(seconds) + random.random() * JITTER * seconds
         with self._cond:
             for held, result in zip(group, results, strict=True):
                 if isinstance(result, errors.LeaseLost):
@@ -390,7 +393,7 @@ class LeaseKeeper:
                     held.first_failure = None
                     # The new expiry is at least ``started + seconds``: plan from that
                     # (no datetime arithmetic on the hot path).
-                    held.due = started + seconds - self._lead(seconds)
+                    held.due = started + seconds - lead
                     self._push(held)
                 elif result is False:
                     if lease.state is LeaseState.HELD:
