@@ -39,6 +39,20 @@ def wrap_error(driver: Driver, exc: BaseException, doing: str) -> errors.LeaseEr
     except Exception:  # a classifier bug must not hide the real error
         code, backend_code = ErrorCode.UNKNOWN, None
     cls = ERROR_CLASSES[code]
-    detail = str(exc) or type(exc).__name__
+    detail = _first_line(str(exc)) or type(exc).__name__
     label = f" [{backend_code}]" if backend_code else ""
     return cls(f"{doing} failed{label}: {detail}", backend_code=backend_code)
+
+
+#: Longest SDK detail kept in a leasekit error message (the SDK error, whole,
+#: stays reachable as ``__cause__``).
+MAX_DETAIL = 300
+
+
+def _first_line(text: str) -> str:
+    """The first non-empty line of an SDK message, trimmed (SDKs append XML bodies)."""
+    for line in text.strip().splitlines():
+        line = line.strip()
+        if line:
+            return line if len(line) <= MAX_DETAIL else line[: MAX_DETAIL - 1] + "…"
+    return ""

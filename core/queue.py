@@ -373,7 +373,18 @@ class Queue:
                     "leasekit-delivery-count": str(message.delivery_count),
                 },
             )
-            self._call("dead-letter (send to poison queue)", lambda: poison.send(copy))
+            try:
+                self._call("dead-letter (send to poison queue)", lambda: poison.send(copy))
+            except errors.MessageTooLarge:
+                # A body near the maximum has no room for the reason properties: keep
+                # the message (its own properties only) rather than let it loop forever.
+                self._log.warning(
+                    "dead-lettering %r without its reason properties (no room): %s",
+                    message.id,
+                    reason,
+                )
+                bare = OutgoingMessage(body=message.body, properties=properties)
+                self._call("dead-letter (send to poison queue)", lambda: poison.send(bare))
             self._call("dead-letter (delete original)", lambda: self._driver.delete(lease.receipt))
         except errors.LeaseLost as exc:
             lease._mark_lost(exc)
@@ -632,6 +643,11 @@ class Queue:
                 raise errors.InvalidArgument(
                     f"{scheme} keeps a message for at most {caps.max_ttl:g} s, got ttl={ttl_s:g}"
                 )
+        if ttl_s is not None and delay_s >= ttl_s:
+            raise errors.InvalidArgument(
+                f"delay ({delay_s:g} s) must be shorter than ttl ({ttl_s:g} s): the message "
+                "would expire before it becomes visible"
+            )
         props: dict[str, str] = {}
         if properties:
             if not caps.supports_properties:

@@ -9,6 +9,7 @@ the process (SIGTERM, then SIGKILL after a grace period) without leaving it behi
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -113,6 +114,7 @@ class ServerProcess:
             env=env,
             cwd=self.cwd,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
@@ -168,6 +170,25 @@ class ServerProcess:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the process that started us dies (Linux).
+
+    The server runs in its own session (so ``stop`` can signal its whole group),
+    which also detaches it from a test run killed before its fixtures tear
+    down; this keeps such a server from outliving the run.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        except (OSError, AttributeError):
+            pass
+
+
+#: prctl option: signal to deliver when the parent thread dies.
+PR_SET_PDEATHSIG = 1
 
 
 def python_module(module: str, *args: str) -> list[str]:

@@ -156,6 +156,7 @@ def test_bad_bodies_are_refused_and_nothing_is_sent(queue: Queue, body: Any, err
         {"ttl": "5"},
         {"properties": {"k": 1}},
         {"properties": {"": "v"}},
+        {"delay": 10, "ttl": 5},
     ],
 )
 def test_bad_send_options_are_refused(queue: Queue, kwargs: dict[str, Any]) -> None:
@@ -419,3 +420,39 @@ def test_abstract_driver_methods_name_themselves() -> None:
 
     with pytest.raises(TypeError):
         Half()  # type: ignore[abstract]
+
+
+def test_a_long_multi_line_sdk_message_is_trimmed_but_kept_as_the_cause(
+    broker: MemoryBroker,
+) -> None:
+    original = _Boom("Weird")
+    original.args = ("first line of the service's answer\n<?xml version='1.0'?><Error>...",)
+    queue = _flaky(broker, original)
+    with pytest.raises(errors.BackendError) as info:
+        queue.send(b"x")
+    assert "first line of the service's answer" in str(info.value)
+    assert "<?xml" not in str(info.value)
+    assert info.value.__cause__ is original
+
+
+def test_dead_letter_of_a_body_with_no_room_for_the_reason_still_moves_it(
+    broker: MemoryBroker,
+) -> None:
+    driver = MemoryDriver(queue="full", broker=broker, max_message_size=10)
+    driver.capabilities = driver.capabilities.replace(native_dead_letter=False)
+
+    class TightPoison(MemoryDriver):
+        def send(self, message):  # type: ignore[no-untyped-def]
+            if message.properties:
+                raise DriverError(ErrorCode.TOO_LARGE, "no room for properties")
+            return super().send(message)
+
+    driver.sibling = lambda name: TightPoison(queue=name, broker=broker)  # type: ignore[method-assign]
+    queue = Queue(driver)
+    queue.create()
+    queue.send(b"0123456789")
+    [lease] = queue.lease(1, duration=10)
+    lease.dead_letter("too big to annotate")
+    assert queue.lease(1, duration=10) == []
+    poison = leasekit.open("memory", queue="full-poison", broker=broker)
+    assert poison.lease(1, duration=10)[0].message.body == b"0123456789"
