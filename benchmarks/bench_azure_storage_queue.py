@@ -10,9 +10,7 @@ messages (not timed), then the script times draining it:
 (a) raw   — the ``azure-storage-queue`` SDK by hand, one thread: ``receive_messages``
             (32 per page, base64 bytes policy) and ``delete_message`` per message.
 (b) lk-1  — leasekit, one thread: ``queue.lease(32)`` then ``lease.complete()`` each.
-(c) lk-N  — leasekit with concurrency: a ThreadPoolExecutor of N workers, each running
-            the (b) loop on one shared ``Queue`` (stand-in until the Consumer lands:
-            swap :func:`run_leasekit_concurrent`).
+(c) lk-N  — ``leasekit.Consumer`` with N handler threads (no-op handler) on one ``Queue``.
 (d) kombu — kombu's ``azurestoragequeues`` transport (``SimpleQueue.get`` + ``ack``).
             Note: kombu **deletes the message on receive** (at-most-once; ``ack`` is a
             no-op) and fetches one message per request.
@@ -36,13 +34,13 @@ import resource
 import signal
 import statistics
 import sys
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from importlib.metadata import version
 from pathlib import Path
 
+from _consumer import consume_with_consumer
 from azure.storage.queue import (
     BinaryBase64DecodePolicy,
     BinaryBase64EncodePolicy,
@@ -153,32 +151,10 @@ def run_leasekit(conn: str, name: str, count: int) -> int:
 
 
 def run_leasekit_concurrent(conn: str, name: str, count: int, workers: int = 8) -> int:
-    """(c) leasekit with concurrency: ``workers`` threads each running the (b) loop.
-
-    Stand-in for ``leasekit.Consumer`` until it lands; replace this one function.
-    """
-    done = 0
-    lock = threading.Lock()
-    per_lease = max(1, min(BATCH, count // (workers * 4)))
-
+    """(c) ``leasekit.Consumer`` with ``workers`` handler threads draining ``count`` messages."""
     with leasekit.open("azure-storage-queue", queue=name, connection_string=conn) as queue:
-
-        def worker() -> None:
-            nonlocal done
-            while True:
-                with lock:
-                    if done >= count:
-                        return
-                for lease in queue.lease(per_lease, duration=VISIBILITY, wait=0.5):
-                    assert lease.message.body == BODY
-                    lease.complete()
-                    with lock:
-                        done += 1
-
-        with ThreadPoolExecutor(workers) as pool:
-            for future in [pool.submit(worker) for _ in range(workers)]:
-                future.result()
-    return done
+        consume_with_consumer(queue, count, workers)
+    return count
 
 
 def kombu_url(conn: str) -> str:
@@ -301,7 +277,7 @@ CONTENDERS: dict[str, tuple[str, Callable[[str, str, int], int], bool]] = {
     "a": ("(a) raw azure-storage-queue loop, 1 thread", run_raw, False),
     "b": ("(b) leasekit lease/complete, 1 thread", run_leasekit, False),
     "c": (
-        "(c) leasekit, ThreadPoolExecutor of 8 lease/complete workers",
+        "(c) leasekit.Consumer, concurrency 8",
         run_leasekit_concurrent,
         False,
     ),
