@@ -134,7 +134,8 @@ class Consumer:
         keeper: a shared :class:`LeaseKeeper`; by default the consumer runs its own.
         max_lifetime: stop renewing a message after this many seconds (a hung
             handler lets go); ``None`` renews while the handler runs.
-        prefetch: messages leased ahead of free handler threads (kept leased too).
+        prefetch: messages leased ahead of free handler threads (kept leased too);
+            default: a receive batch, at least ``concurrency``, at most 4x ``concurrency``.
         backoff_base, backoff_max: abandon delay ``base * 2**(delivery_count-1)``, capped.
         shutdown_grace: seconds in-flight handlers get to finish on stop.
         pass_lease: call the handler with the :class:`Lease` instead of the message.
@@ -205,7 +206,12 @@ class Consumer:
         self.max_deliveries = max_deliveries
         self.idempotency = idempotency
         self.max_lifetime = max_lifetime
-        self.prefetch = concurrency if prefetch is None else prefetch
+        # Default: room for a whole receive batch beyond the busy handlers, so
+        # receives and grouped completions stay large.
+        # Capped at 4x concurrency so a consumer does not hoard a big backend's batch.
+        batch = queue.capabilities.max_receive_batch
+        default_prefetch = max(concurrency, min(batch, 4 * concurrency))
+        self.prefetch = default_prefetch if prefetch is None else prefetch
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
         self.shutdown_grace = shutdown_grace
