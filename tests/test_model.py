@@ -194,6 +194,14 @@ class LeaseModel(RuleBasedStateMachine):
     def send(
         self, body: bytes, delay: float, ttl: float | None, properties: dict[str, str]
     ) -> None:
+        if ttl is not None and delay >= ttl:
+            # It would expire before it became visible: refused, and nothing is sent.
+            before = self.queue.stats()
+            with pytest.raises(leasekit.InvalidArgument, match="shorter than ttl"):
+                self.queue.send(body, delay=delay, ttl=ttl, properties=properties)
+            assert self.queue.stats() == before
+            event("send with delay >= ttl refused")
+            return
         message_id = self.queue.send(body, delay=delay, ttl=ttl, properties=properties)
         assert message_id not in self.messages
         now = self.now()
