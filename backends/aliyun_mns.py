@@ -462,6 +462,11 @@ class AliyunMnsDriver(Driver):
     """
 
     scheme = "aliyun-mns"
+    secret_options = _SECRET_OPTIONS
+    credential_hint = (
+        "pass access_key_id= and access_key_secret= as keyword options or set "
+        f"{ENV_ACCESS_KEY_ID} and {ENV_ACCESS_KEY_SECRET}"
+    )
 
     def __init__(
         self,
@@ -543,19 +548,7 @@ class AliyunMnsDriver(Driver):
     @classmethod
     def options_from_url(cls, url: ParsedURL) -> dict[str, Any]:
         """Endpoint and queue from ``aliyun-mns://HOST[:PORT]/QUEUE[?scheme=http]``."""
-        if url.username is not None or url.password is not None:
-            raise InvalidURL(
-                "aliyun-mns URLs carry no credentials; pass access_key_id= and "
-                f"access_key_secret= as keyword options or set {ENV_ACCESS_KEY_ID} and "
-                f"{ENV_ACCESS_KEY_SECRET}"
-            )
         query = dict(url.query)
-        secret = sorted(k for k in query if k.lower() in _SECRET_OPTIONS)
-        if secret:
-            raise InvalidURL(
-                f"aliyun-mns URLs carry no credentials (got {', '.join(secret)}); pass them "
-                "as keyword options or through the environment"
-            )
         if "endpoint" in query:
             raise InvalidURL("aliyun-mns: the endpoint is the URL's host, not an option")
         scheme = query.pop("scheme", None)

@@ -333,6 +333,8 @@ class SqsDriver(Driver):
     """
 
     scheme = "aws-sqs"
+    secret_options = _SECRET_OPTIONS
+    credential_hint = "use the boto3 chain (environment, profile, role) or keyword options"
 
     def __init__(
         self,
@@ -427,17 +429,6 @@ class SqsDriver(Driver):
     @classmethod
     def options_from_url(cls, url: ParsedURL) -> dict[str, Any]:
         """``aws-sqs://REGION/QUEUE`` or ``aws-sqs://REGION/ACCOUNT/QUEUE``, options as query."""
-        if url.username or url.password:
-            raise InvalidURL(
-                "aws-sqs URLs take no credentials: use the boto3 chain (environment, "
-                "profile, role) or keyword options"
-            )
-        secret = sorted(set(url.query) & _SECRET_OPTIONS)
-        if secret:
-            raise InvalidURL(
-                f"aws-sqs URLs take no credentials ({', '.join(secret)}): pass them as "
-                "keyword options or use the boto3 chain"
-            )
         objects = sorted(k for k in url.query if k == "client" or k.startswith("_"))
         if objects:
             raise InvalidURL(

@@ -389,6 +389,8 @@ class ServiceBusDriver(Driver):
     """
 
     scheme = "azure-service-bus"
+    secret_options = _SECRET_OPTIONS
+    credential_hint = "pass connection_string= or credential= as keyword options"
 
     def __init__(
         self,
@@ -513,17 +515,6 @@ class ServiceBusDriver(Driver):
     @classmethod
     def options_from_url(cls, url: ParsedURL) -> dict[str, Any]:
         """``azure-service-bus://NAMESPACE.servicebus.windows.net/QUEUE``; options as query."""
-        if url.username or url.password:
-            raise InvalidURL(
-                "azure-service-bus URLs take no credentials: pass connection_string=... or "
-                "credential=... as keyword options"
-            )
-        secret = sorted(set(url.query) & _SECRET_OPTIONS)
-        if secret:
-            raise InvalidURL(
-                f"azure-service-bus URLs take no credentials ({', '.join(secret)}): pass them "
-                "as keyword options"
-            )
         allowed = {"lock_duration", "max_message_size", "max_wait", "retry_total"}
         unknown = sorted(set(url.query) - allowed)
         if unknown:

@@ -162,16 +162,19 @@ _QUEUE_NAME = re.compile(r"^(?!.*--)[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$")
 _ACCOUNT_NAME = re.compile(r"^[a-z0-9]{3,24}$")
 _LOOPBACK = {"localhost", "127.0.0.1", "::1"}
 #: URL query options that would be credentials: refused in a URL.
-_SECRET_OPTIONS = (
-    "connection_string",
-    "credential",
-    "account_key",
-    "key",
-    "sas",
-    "sas_token",
-    "sig",
-    "token",
-    "password",
+_SECRET_OPTIONS = frozenset(
+    {
+        "connection_string",
+        "credential",
+        "account_key",
+        "key",
+        "sas",
+        "sas_token",
+        "sig",
+        "token",
+        "password",
+        "sv",  # a SAS token's fields arriving as query options
+    }
 )
 
 # Error codes (``x-ms-error-code``) by meaning.
@@ -365,6 +368,8 @@ class AzureStorageQueueDriver(Driver):
     """
 
     scheme = "azure-storage-queue"
+    secret_options = _SECRET_OPTIONS
+    credential_hint = "pass connection_string= or credential= as keyword options"
 
     def __init__(
         self,
@@ -481,18 +486,7 @@ class AzureStorageQueueDriver(Driver):
     @classmethod
     def options_from_url(cls, url: ParsedURL) -> dict[str, Any]:
         """Account URL and queue from ``azure-storage-queue://ACCOUNT/QUEUE`` or an endpoint."""
-        if url.username is not None or url.password is not None:
-            raise InvalidURL(
-                "azure-storage-queue URLs carry no credentials; pass connection_string= "
-                "or credential= as keyword options"
-            )
         query = dict(url.query)
-        secret = sorted(k for k in query if k.lower() in _SECRET_OPTIONS or k.lower() == "sv")
-        if secret:
-            raise InvalidURL(
-                f"azure-storage-queue URLs carry no credentials (got {', '.join(secret)}); "
-                "pass connection_string= or credential= as keyword options"
-            )
         for option in ("account_url", "service_client"):
             if option in query:
                 raise InvalidURL(f"azure-storage-queue: {option} is not a URL option")

@@ -25,7 +25,7 @@ from . import hookspecs
 from .errors import BackendNotFound, BackendNotInstalled, InvalidURL, LeaseError
 from .queue import Queue
 from .retry import RetryPolicy
-from .spi import Driver
+from .spi import Driver, ParsedURL
 from .url import check_scheme, is_url, parse_url, redact_url
 
 __all__ = ["BackendRegistry", "BackendSpec", "default_registry", "open"]
@@ -185,6 +185,7 @@ class BackendRegistry:
         if is_url(target):
             parsed = parse_url(target)
             cls = self.driver_class(parsed.scheme)
+            _refuse_credentials(cls, parsed)
             try:
                 url_options = cls.options_from_url(parsed)
             except (TypeError, ValueError) as exc:
@@ -210,6 +211,21 @@ class BackendRegistry:
                 queue.close()
                 raise
         return queue
+
+
+def _refuse_credentials(cls: type[Driver], url: ParsedURL) -> None:
+    """Credentials never travel in a URL: refuse userinfo (``user:secret@``) and secret options.
+
+    The message names the offending option keys, never their values.
+    """
+    found = sorted(k for k in url.query if k.lower() in cls.secret_options)
+    if url.username is not None or url.password is not None:
+        found.insert(0, "userinfo@")  # the RFC 3986 name; never the values
+    if found:
+        raise InvalidURL(
+            f"{cls.scheme or cls.__name__} URLs carry no credentials (got {', '.join(found)}); "
+            f"{cls.credential_hint}"
+        )
 
 
 def _load_entrypoints(pm: pluggy.PluginManager, group: str) -> None:

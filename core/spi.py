@@ -182,6 +182,12 @@ class Driver(ABC):
     #: The queue name this driver serves.
     queue: str
 
+    #: Option names that are credentials: core refuses them in a URL's query
+    #: (as it refuses ``user:password@``); they may only be keyword options.
+    secret_options: ClassVar[frozenset[str]] = frozenset()
+    #: How to pass credentials instead, for that refusal's message.
+    credential_hint: ClassVar[str] = "pass them as keyword options"
+
     # ------------------------------------------------------------------ URLs
 
     @classmethod

@@ -456,3 +456,10 @@ def test_dead_letter_of_a_body_with_no_room_for_the_reason_still_moves_it(
     assert queue.lease(1, duration=10) == []
     poison = leasekit.open("memory", queue="full-poison", broker=broker)
     assert poison.lease(1, duration=10)[0].message.body == b"0123456789"
+
+
+@pytest.mark.parametrize("url", ["sqlite://admin:hunter2@/x.db?queue=q", "memory://u:hunter2@jobs"])
+def test_core_refuses_credentials_in_any_url_without_echoing_them(url: str) -> None:
+    with pytest.raises(errors.InvalidURL, match="carry no credentials") as info:
+        leasekit.open(url)
+    assert "hunter2" not in str(info.value)
