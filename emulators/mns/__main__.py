@@ -21,10 +21,11 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from types import FrameType
 
-from .server import DEFAULT_ACCESS_KEY_ID, DEFAULT_ACCESS_KEY_SECRET, serve
+from .server import DEFAULT_ACCESS_KEY_ID, DEFAULT_ACCESS_KEY_SECRET, MnsEmulator, log
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -53,10 +54,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _stop(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(0)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv``, then serve until SIGTERM or Ctrl-C.
 
@@ -69,14 +66,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    signal.signal(signal.SIGTERM, _stop)
+    emulator = MnsEmulator(
+        args.host,
+        args.port,
+        access_key_id=args.access_key_id,
+        access_key_secret=args.access_key_secret,
+    )
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        # Raising from a signal handler is unreliable (the exception can land in a
+        # finalizer, where Python drops it); ``shutdown`` blocks until the serving
+        # loop has left, so it runs on a thread of its own.
+        threading.Thread(target=emulator.shutdown, name="mns-emulator-stop").start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log.info("MNS emulator listening on %s (AccessKeyId %s)", emulator.endpoint, args.access_key_id)
     with contextlib.suppress(KeyboardInterrupt):
-        serve(
-            args.host,
-            args.port,
-            access_key_id=args.access_key_id,
-            access_key_secret=args.access_key_secret,
-        )
+        emulator.serve_forever()
+    log.info("MNS emulator stopped")
     return 0
 
 

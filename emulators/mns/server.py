@@ -338,6 +338,10 @@ class MnsEmulator:
         finally:
             self._server.server_close()
 
+    def shutdown(self) -> None:
+        """Make :meth:`serve_forever` return; blocks until it has (call from another thread)."""
+        self._server.shutdown()
+
     def start(self) -> MnsEmulator:
         """Serve from a daemon thread and return self."""
         if self._thread is None:

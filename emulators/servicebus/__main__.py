@@ -16,14 +16,6 @@ from .broker import Broker
 from .config import load_config
 
 
-class _Stop(BaseException):
-    """Raised from the signal handler to leave the proton event loop."""
-
-
-def _on_signal(signum: int, frame: FrameType | None) -> None:
-    raise _Stop(signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the emulator.
 
@@ -57,12 +49,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     emulator = ServiceBusEmulator(Broker(config), args.host, args.port)
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
-    try:
-        emulator.run()
-    except _Stop:
-        logging.getLogger("leasekit.emulators.servicebus").info("stopping")
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        # Only set a flag: an exception raised from a signal handler can land
+        # inside a finalizer (proton objects have ``__del__``), where Python
+        # prints and drops it, and the signal would be lost.
+        emulator.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    emulator.run()
+    logging.getLogger("leasekit.emulators.servicebus").info("stopped")
     return 0
 
 

@@ -165,6 +165,7 @@ class ServiceBusEmulator(Handler):
         self._acceptor: Any = None
         self._container: Any = None
         self._closing = False
+        self._stop_requested = False
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -172,6 +173,14 @@ class ServiceBusEmulator(Handler):
         """Listen and serve until :meth:`stop` or an exception (e.g. from a signal)."""
         self._container = Container(self)
         self._container.run()
+
+    def request_stop(self) -> None:
+        """Ask the event loop to stop at its next tick (safe from a signal handler).
+
+        Only sets a flag; the timer task, on the container thread, then calls
+        :meth:`stop`. The loop wakes every ``TICK_SECONDS``, so it stops promptly.
+        """
+        self._stop_requested = True
 
     def stop(self) -> None:
         """Stop listening and close every connection (call on the container thread)."""
@@ -190,6 +199,9 @@ class ServiceBusEmulator(Handler):
     def on_timer_task(self, event: Any) -> None:
         """Apply lock expiry, TTL and scheduled enqueue; feed waiting receivers."""
         if self._closing:
+            return
+        if self._stop_requested:
+            self.stop()
             return
         now = self.clock()
         for queue in self.broker.expire(now):

@@ -10,6 +10,7 @@ signed by the SDK's own signer.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import threading
 import time
@@ -697,3 +698,32 @@ def test_concurrent_receivers_never_share_an_invisible_message(env: Env) -> None
     assert len(received) == total
     assert len(set(received)) == total
     assert queue.get_attributes().inactive_messages == total
+
+
+def test_emulator_process_exits_zero_on_sigterm_during_a_long_poll() -> None:
+    """SIGTERM stops the server promptly even while a receive is parked in a long poll."""
+    from leasekit.emulators._process import ServerProcess, free_port, python_module
+
+    port = free_port()
+    argv = python_module("leasekit.emulators.mns", "--port", str(port), "--log-level", "WARNING")
+    process = ServerProcess(argv, port, name="mns-sigterm").start()
+    try:
+        account = Account(
+            f"http://127.0.0.1:{port}", DEFAULT_ACCESS_KEY_ID, DEFAULT_ACCESS_KEY_SECRET
+        )
+        queue = account.get_queue("sigterm")
+        queue.create(QueueMeta())
+        polling = threading.Event()
+
+        def long_poll() -> None:
+            polling.set()
+            with contextlib.suppress(Exception):
+                queue.receive_message(30)
+
+        threading.Thread(target=long_poll, daemon=True).start()
+        assert polling.wait(5)
+        started = time.monotonic()
+    finally:
+        process.stop(grace=5)
+    assert process._proc is not None and process._proc.returncode == 0
+    assert time.monotonic() - started < 5
