@@ -18,7 +18,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -207,36 +207,66 @@ class LeaseKeeper:
             LeaseStateError: the lease is already settled, or the keeper is stopped.
             InvalidLeaseDuration: ``duration`` is out of the backend's range.
         """
-        if lease.state is not LeaseState.HELD:
-            raise errors.LeaseStateError(
-                f"cannot keep message {lease.message.id!r}: the lease is already "
-                f"{lease.state.value}"
-            )
-        seconds = None if duration is None else lease.queue._check_duration(duration)
+        self.add_many([lease], duration=duration, max_lifetime=max_lifetime)
+
+    def add_many(
+        self,
+        leases: Sequence[Lease],
+        *,
+        duration: float | None = None,
+        max_lifetime: float | None = None,
+    ) -> None:
+        """Start keeping several leases alive (one lock round for all; see :meth:`add`).
+
+        Raises:
+            LeaseStateError: a lease is already settled (none is added), or the keeper is stopped.
+            InvalidLeaseDuration: ``duration`` is out of the backend's range.
+        """
+        for lease in leases:
+            if lease.state is not LeaseState.HELD:
+                raise errors.LeaseStateError(
+                    f"cannot keep message {lease.message.id!r}: the lease is already "
+                    f"{lease.state.value}"
+                )
         lifetime = self.max_lifetime if max_lifetime is None else max_lifetime
         if lifetime is not None and lifetime <= 0:
             raise errors.InvalidArgument(f"max_lifetime must be > 0, got {lifetime!r}")
+        checked: dict[int, float] = {}  # one duration check per queue
+        if duration is not None:
+            for lease in leases:
+                if id(lease.queue) not in checked:
+                    checked[id(lease.queue)] = lease.queue._check_duration(duration)
         self.start()
         now = time.monotonic()
-        held = _Held(lease, seconds, None if lifetime is None else now + lifetime)
-        held.due = self._due(lease, now)
+        release_at = None if lifetime is None else now + lifetime
+        entries = []
+        for lease in leases:
+            held = _Held(lease, checked.get(id(lease.queue)), release_at)
+            held.due = self._due(lease, now)
+            entries.append(held)
         with self._cond:
             if self._state != "running":
                 raise errors.LeaseStateError("the LeaseKeeper is stopped")
-            previous = self._held.get(id(lease))
-            if previous is not None:
-                previous.active = False
-            self._held[id(lease)] = held
+            for held in entries:
+                previous = self._held.get(id(held.lease))
+                if previous is not None:
+                    previous.active = False
+                self._held[id(held.lease)] = held
+                self._push(held)
             self.stats.held = len(self._held)
-            self._push(held)
 
     def discard(self, lease: Lease) -> None:
         """Stop keeping ``lease`` alive (it stays leased until it expires or is settled)."""
+        self.discard_many([lease])
+
+    def discard_many(self, leases: Iterable[Lease]) -> None:
+        """Stop keeping several leases alive, in one lock round."""
         with self._cond:
-            held = self._held.pop(id(lease), None)
-            if held is not None:
-                held.active = False
-                self.stats.held = len(self._held)
+            for lease in leases:
+                held = self._held.pop(id(lease), None)
+                if held is not None:
+                    held.active = False
+            self.stats.held = len(self._held)
 
     @contextmanager
     def hold(

@@ -183,3 +183,29 @@ def test_keeper_never_renews_past_the_backends_total_cap() -> None:
         assert 0.4 <= time.monotonic() - start <= 2.0
         assert keeper.stats.released_at_max_lifetime == 1
     again.complete()
+
+
+def test_add_many_keeps_every_lease_and_discard_many_lets_them_go(queue: Queue) -> None:
+    queue.send_many([b"%d" % i for i in range(5)])
+    leases = queue.lease(5, duration=0.3)
+    with leasekit.LeaseKeeper() as keeper:
+        keeper.add_many(leases)
+        assert len(keeper) == 5 and all(lease in keeper for lease in leases)
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            assert queue.lease(1, duration=5, wait=0.2) == [], "a kept lease lapsed"
+        keeper.discard_many(leases[:3])
+        assert len(keeper) == 2 and keeper.stats.held == 2
+        assert queue.complete_many(leases) == [None] * 5
+    assert keeper.stats.lost == 0
+
+
+def test_add_many_with_a_settled_lease_adds_none(queue: Queue) -> None:
+    queue.send_many([b"a", b"b"])
+    first, second = queue.lease(2, duration=5)
+    second.complete()
+    with leasekit.LeaseKeeper() as keeper:
+        with pytest.raises(errors.LeaseStateError):
+            keeper.add_many([first, second])
+        assert len(keeper) == 0
+    first.complete()
