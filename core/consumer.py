@@ -7,10 +7,9 @@ import logging
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_futures
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from types import FrameType
 from typing import Any
 
@@ -32,7 +31,11 @@ LEASE_WAIT = 1.0
 
 @dataclass
 class ConsumerStats:
-    """What a consumer did. Counters only grow; ``in_flight`` and ``buffered`` are current."""
+    """What a consumer did. Counters only grow; ``in_flight`` and ``buffered`` are current.
+
+    ``buffered``: leased, not yet taken by a worker. ``in_flight``: taken by a
+    worker (being handled, or next in its chunk), not yet finished.
+    """
 
     received: int = 0
     completed: int = 0
@@ -53,13 +56,28 @@ class ConsumerStats:
         return asdict(self)
 
 
+_Failure = errors.LeaseError | errors.LeaseStateError | None
+
+#: Most messages one worker takes from the buffer at once (when handling is fast).
+MAX_CHUNK = 16
+#: States a handler given the lease may leave it in, and the counter each adds to.
+#: (A lease found lost is not among them: completing it reports the stale receipt.)
+_SELF_SETTLED = {
+    LeaseState.COMPLETED: "completed",
+    LeaseState.ABANDONED: "abandoned",
+    LeaseState.DEAD_LETTERED: "dead_lettered",
+}
+#: Weight of the newest handler time in the running mean that sizes chunks.
+_EWMA = 0.2
+
+
 class _GroupCompleter:
-    """Completes leases from many handler threads in backend-sized batches (group commit).
+    """Completes leases from many worker threads in backend-sized batches (group commit).
 
     The first thread to arrive leads: it waits up to ``window`` seconds for
     others (or until ``size`` leases wait), completes them in one batch call
-    and hands each thread its own result. With one thread in flight it does not
-    wait at all.
+    and hands each thread its own results. When every lease in flight is
+    already waiting it does not wait at all.
     """
 
     def __init__(self, queue: Queue, size: int, window: float, in_flight: Callable[[], int]):
@@ -67,18 +85,24 @@ class _GroupCompleter:
         self.size = size
         self.window = window
         self.in_flight = in_flight
-        self.cond = threading.Condition()
+        lock = threading.Lock()
+        self.cond = threading.Condition(lock)  # followers wait here for their results
+        self.arrived = threading.Condition(lock)  # the leader waits here for company
         self.waiting: list[Lease] = []
-        self.results: dict[int, errors.LeaseError | errors.LeaseStateError | None] = {}
+        self.results: dict[int, _Failure] = {}
         self.leading = False
 
-    def complete(self, lease: Lease) -> errors.LeaseError | errors.LeaseStateError | None:
+    def complete(self, lease: Lease) -> _Failure:
         """Complete ``lease`` in a shared batch; return its error, if any."""
-        key = id(lease)
+        return self.complete_many([lease])[0]
+
+    def complete_many(self, leases: list[Lease]) -> list[_Failure]:
+        """Complete ``leases`` in shared batches; return one error (or ``None``) each."""
+        keys = [id(lease) for lease in leases]
         with self.cond:
-            self.waiting.append(lease)
-            self.cond.notify_all()
-            while key not in self.results:
+            self.waiting.extend(leases)
+            self.arrived.notify()
+            while any(key not in self.results for key in keys):
                 if self.leading:
                     self.cond.wait()
                     continue
@@ -90,7 +114,7 @@ class _GroupCompleter:
                         remaining = deadline - time.monotonic()
                         if remaining <= 0:
                             break
-                        self.cond.wait(remaining)
+                        self.arrived.wait(remaining)
                     batch, self.waiting = self.waiting[: self.size], self.waiting[self.size :]
                     self.cond.release()
                     try:
@@ -102,17 +126,20 @@ class _GroupCompleter:
                 finally:
                     self.leading = False
                     self.cond.notify_all()
-            return self.results.pop(key)
+            return [self.results.pop(key) for key in keys]
 
-    def _settle(
-        self, batch: list[Lease]
-    ) -> list[errors.LeaseError | errors.LeaseStateError | None]:
-        try:
-            return self.queue._settle_many(batch)
-        except errors.LeaseError as exc:
-            return [exc] * len(batch)
-        except Exception as exc:  # never leave the followers waiting
-            return [errors.BackendError(f"batch complete failed: {exc!r}")] * len(batch)
+    def _settle(self, batch: list[Lease]) -> list[_Failure]:
+        return _settle_batch(self.queue, batch)
+
+
+def _settle_batch(queue: Queue, batch: list[Lease]) -> list[_Failure]:
+    """``queue._settle_many`` that reports a whole-batch failure per lease, never raises."""
+    try:
+        return queue._settle_many(batch)
+    except errors.LeaseError as exc:
+        return [exc] * len(batch)
+    except Exception as exc:  # never leave a waiting completion stranded
+        return [errors.BackendError(f"batch complete failed: {exc!r}")] * len(batch)
 
 
 class Consumer:
@@ -140,10 +167,21 @@ class Consumer:
         shutdown_grace: seconds in-flight handlers get to finish on stop.
         pass_lease: call the handler with the :class:`Lease` instead of the message.
         handle_signals: on ``run()`` in the main thread, SIGINT/SIGTERM stop gracefully.
-        batch_complete: complete handled messages in batches (group commit) where
-            the backend has a batch delete; ``None`` (default) turns it on when
-            ``concurrency > 1`` and the backend can batch.
-        batch_window: longest a completion waits for others to share its batch.
+        batch_complete: complete handled messages in batches where the backend has
+            a batch delete: a worker's chunk in one call, and with ``concurrency > 1``
+            completions of several workers together (group commit). ``None``
+            (default): on whenever the backend can batch.
+        batch_window: longest a completion waits for others to share its batch; also
+            the handling time under which a worker takes several messages at once.
+
+    How work flows: one loop leases in batches into a buffer (up to ``prefetch``
+    beyond the busy workers), and ``concurrency`` worker threads take from it.
+    While handling is slow, a worker takes one message at a time, so every
+    worker is busy; when a whole chunk is handled within ``batch_window``, a
+    worker takes up to ``MAX_CHUNK`` at once and completes them in one call,
+    which keeps the cost per message near that of a hand-written batch loop.
+    A handled message is completed before the worker starts a message more than
+    ``batch_window`` later, so a slow handler never holds others' completions.
 
     Raises:
         InvalidArgument: a non-callable handler, concurrency < 1, max_deliveries < 1, ...
@@ -217,26 +255,34 @@ class Consumer:
         self.shutdown_grace = shutdown_grace
         self.pass_lease = pass_lease
         self.handle_signals = handle_signals
-        can_batch = queue.capabilities.max_delete_batch > 1 and concurrency > 1
+        can_batch = queue.capabilities.max_delete_batch > 1
         self.batch_complete = can_batch if batch_complete is None else batch_complete and can_batch
+        self.batch_window = batch_window
+        # Across workers: group commit. Within one worker: a chunk's completions go together.
         self._completer = (
             _GroupCompleter(
                 queue,
-                min(queue.capabilities.max_delete_batch, concurrency),
+                queue.capabilities.max_delete_batch,
                 batch_window,
                 lambda: len(self._started),
             )
-            if self.batch_complete
+            if self.batch_complete and concurrency > 1
             else None
         )
+        self._max_chunk = max(1, min(MAX_CHUNK, self.prefetch + 1))
+        self._handler_mean: float | None = None  # running mean of handler seconds
         self._keeper = keeper
         self._own_keeper = keeper is None
         self._stats = ConsumerStats()
-        self._lock = threading.Condition()
+        mutex = threading.Lock()
+        self._lock = threading.Condition(mutex)  # the receive loop waits here for room
+        self._ready = threading.Condition(mutex)  # idle workers wait here for messages
         self._stop = threading.Event()
         self._running = False
-        self._pending: dict[int, Lease] = {}
-        self._started: dict[int, Lease] = {}
+        self._buffer: deque[Lease] = deque()  # received, not yet taken by a worker
+        self._started: dict[int, Lease] = {}  # taken by a worker, not yet finished
+        self._current: dict[int, Lease] = {}  # worker index -> the lease in its handler
+        self._closing = False
         self._shutting_down = False
 
     # ------------------------------------------------------------------ public
@@ -245,7 +291,7 @@ class Consumer:
     def stats(self) -> ConsumerStats:
         """A snapshot of the counters (and the lease-duration policy's figures)."""
         with self._lock:
-            snapshot = ConsumerStats(**asdict(self._stats))
+            snapshot = replace(self._stats)
         snapshot.lease_duration = dict(self.duration_policy.figures())
         return snapshot
 
@@ -267,18 +313,28 @@ class Consumer:
             if self._running:
                 raise errors.LeaseStateError("this Consumer is already running")
             self._running = True
+            self._closing = False
         self._stop.clear()
         keeper = self._keeper or LeaseKeeper()
         self._keeper = keeper
-        pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="leasekit-worker")
-        futures: dict[Future[None], Lease] = {}
+        workers = [
+            threading.Thread(
+                target=self._work,
+                args=(index, keeper),
+                name=f"leasekit-worker-{index}",
+                daemon=True,
+            )
+            for index in range(self.concurrency)
+        ]
+        for worker in workers:
+            worker.start()
         restore = self._install_signals()
         self.queue._emit("leasekit_worker_event", name="started", details=self._details())
         try:
-            self._loop(pool, futures, keeper, until_idle)
+            self._loop(keeper, until_idle)
         finally:
             self.queue._emit("leasekit_worker_event", name="stopping", details=self._details())
-            self._shutdown(pool, futures, keeper)
+            self._shutdown(workers, keeper)
             restore()
             with self._lock:
                 self._running = False
@@ -287,13 +343,8 @@ class Consumer:
 
     # ---------------------------------------------------------------- the loop
 
-    def _loop(
-        self,
-        pool: ThreadPoolExecutor,
-        futures: dict[Future[None], Lease],
-        keeper: LeaseKeeper,
-        until_idle: bool,
-    ) -> None:
+    def _loop(self, keeper: LeaseKeeper, until_idle: bool) -> None:
+        """Lease in batches while there is room; the workers take from the buffer."""
         limit = self.concurrency + self.prefetch
         batch = self.queue.capabilities.max_receive_batch
         # Lease again only when a worthwhile batch fits: refilling one slot at a
@@ -302,11 +353,11 @@ class Consumer:
         while not self._stop.is_set():
             with self._lock:
                 while (
-                    len(self._pending) + len(self._started) > limit - refill
+                    len(self._buffer) + len(self._started) > limit - refill
                     and not self._stop.is_set()
                 ):
                     self._lock.wait(0.5)
-                outstanding = len(self._pending) + len(self._started)
+                outstanding = len(self._buffer) + len(self._started)
             if self._stop.is_set():
                 return
             want = max(1, min(limit - outstanding, batch))
@@ -314,19 +365,147 @@ class Consumer:
             leases = self.queue.lease(want, duration=duration, wait=LEASE_WAIT)
             if not leases:
                 with self._lock:
-                    idle = not self._pending and not self._started
+                    idle = not self._buffer and not self._started
                 if until_idle and idle:
                     return
                 continue
-            for lease in leases:
-                keeper.add(lease, max_lifetime=self.max_lifetime)
+            keeper.add_many(leases, max_lifetime=self.max_lifetime)
+            with self._lock:
+                self._stats.received += len(leases)
+                self._buffer.extend(leases)
+                self._stats.buffered = len(self._buffer)
+                chunk = self._chunk_size(len(self._buffer))
+                self._ready.notify(-(-len(leases) // chunk))
+
+    def _chunk_size(self, buffered: int) -> int:
+        """How many buffered messages one worker takes (call with the lock held).
+
+        One at a time while handling takes long enough for parallel workers to
+        matter; when a whole chunk is handled within ``batch_window``, a worker
+        takes up to ``MAX_CHUNK`` at once, saving a hand-off per message and
+        settling them in one batch call.
+        """
+        mean = self._handler_mean
+        if mean is None or buffered <= 1:
+            return 1
+        fits = int(self.batch_window / mean) if mean > 0 else self._max_chunk
+        return max(1, min(fits, self._max_chunk, buffered))
+
+    def _work(self, index: int, keeper: LeaseKeeper) -> None:
+        """A worker thread: take a chunk from the buffer, handle it, repeat until closing."""
+        while True:
+            with self._lock:
+                while not self._buffer and not self._closing:
+                    self._ready.wait()
+                if not self._buffer:
+                    return
+                size = self._chunk_size(len(self._buffer))
+                chunk = [self._buffer.popleft() for _ in range(size)]
+                for lease in chunk:
+                    self._started[id(lease)] = lease
+                self._stats.buffered = len(self._buffer)
+                self._stats.in_flight = len(self._started)
+                if self._buffer:
+                    self._ready.notify()  # more for another idle worker
+            try:
+                self._process_chunk(index, chunk, keeper)
+            except Exception:
+                # A bug outside the handler (an idempotency store failing, say): keep the
+                # worker alive and give back what it had not finished.
+                _log.exception("worker %d failed; abandoning its unfinished messages", index)
+                for lease in chunk:
+                    self._give_back(lease, keeper)
+            finally:
                 with self._lock:
-                    self._stats.received += 1
-                    self._pending[id(lease)] = lease
-                    self._stats.buffered = len(self._pending)
-                futures[pool.submit(self._process, lease)] = lease
-            for future in [f for f in futures if f.done()]:
-                del futures[future]
+                    for lease in chunk:
+                        self._started.pop(id(lease), None)
+                    self._stats.in_flight = len(self._started)
+                    self._lock.notify_all()
+
+    def _process_chunk(self, index: int, chunk: list[Lease], keeper: LeaseKeeper) -> None:
+        """Handle each lease of ``chunk``; completions are settled together (see ``_flush``)."""
+        done: list[Lease] = []  # handled, waiting to be completed
+        oldest = 0.0
+        for position, lease in enumerate(chunk):
+            if self._closing:
+                # Stopping: what this worker has not started goes back to the queue.
+                self._flush(done, keeper)
+                for rest in chunk[position:]:
+                    self._abandon_at_shutdown(rest, keeper)
+                return
+            if done and time.monotonic() - oldest >= self.batch_window:
+                self._flush(done, keeper)  # do not hold a completion behind a slow handler
+                done = []
+            if lease.state is not LeaseState.HELD:
+                continue  # abandoned at shutdown before it started
+            self._current[index] = lease
+            try:
+                self.queue._emit("leasekit_before_process", lease=lease)
+                outcome, error = self._handle(lease)
+            finally:
+                self._current.pop(index, None)
+            if outcome == "handled":
+                if not done:
+                    oldest = time.monotonic()
+                done.append(lease)
+                continue
+            keeper.discard(lease)
+            self.queue._emit("leasekit_after_process", lease=lease, error=error, outcome=outcome)
+        self._flush(done, keeper)
+
+    def _flush(self, done: list[Lease], keeper: LeaseKeeper) -> None:
+        """Complete handled leases (in one batch where the backend allows); count each outcome."""
+        if not done:
+            return
+        if self._completer is not None:
+            failures = self._completer.complete_many(done)
+        elif self.batch_complete and len(done) > 1:
+            failures = _settle_batch(self.queue, done)
+        else:
+            failures = [self._complete_one(lease) for lease in done]
+        keeper.discard_many(done)
+        completed = 0
+        for lease, failure in zip(done, failures, strict=True):
+            outcome, error = self._completion_outcome(lease, failure)
+            completed += outcome == "completed"
+            self.queue._emit("leasekit_after_process", lease=lease, error=error, outcome=outcome)
+        if completed:
+            with self._lock:
+                self._stats.completed += completed
+
+    @staticmethod
+    def _complete_one(lease: Lease) -> _Failure:
+        try:
+            lease.complete()
+        except (errors.LeaseError, errors.LeaseStateError) as exc:
+            return exc
+        return None
+
+    def _completion_outcome(
+        self, lease: Lease, failure: _Failure
+    ) -> tuple[str, BaseException | None]:
+        """The outcome of completing a handled lease (counted, except ``completed``)."""
+        if failure is None:
+            return "completed", None
+        if isinstance(failure, errors.LeaseLost):
+            self._count("stale_on_complete")
+            self.duration_policy.stale()
+            _log.warning(
+                "message %r was handled but its receipt was stale on complete (%s); "
+                "it may be delivered again",
+                lease.message.id,
+                failure,
+            )
+            return "stale", failure
+        if isinstance(failure, errors.LeaseStateError):
+            if lease.state is LeaseState.ABANDONED and self._shutting_down:
+                return "abandoned_at_shutdown", None
+            self._count("settle_errors")
+            _log.error("could not complete message %r: %s", lease.message.id, failure)
+            return "error", failure
+        self._count("settle_errors")
+        _log.error("could not settle message %r: %s", lease.message.id, failure)
+        return "error", failure
 
     def _duration(self) -> float:
         caps = self.queue.capabilities
@@ -335,29 +514,8 @@ class Consumer:
         wanted = self.duration_policy.current()
         return self.queue._check_duration(min(max(wanted, caps.min_lease), caps.max_lease))
 
-    def _process(self, lease: Lease) -> None:
-        with self._lock:
-            if self._pending.pop(id(lease), None) is None:
-                return  # abandoned at shutdown before it started
-            self._started[id(lease)] = lease
-            self._stats.in_flight = len(self._started)
-            self._stats.buffered = len(self._pending)
-        outcome = "error"
-        error: BaseException | None = None
-        self.queue._emit("leasekit_before_process", lease=lease)
-        try:
-            outcome, error = self._handle(lease)
-        finally:
-            keeper = self._keeper
-            if keeper is not None:
-                keeper.discard(lease)
-            with self._lock:
-                self._started.pop(id(lease), None)
-                self._stats.in_flight = len(self._started)
-                self._lock.notify_all()
-            self.queue._emit("leasekit_after_process", lease=lease, error=error, outcome=outcome)
-
     def _handle(self, lease: Lease) -> tuple[str, BaseException | None]:
+        """Run the handler on one lease; ``"handled"`` means it is ready to be completed."""
         message = lease.message
         try:
             if self.max_deliveries is not None and message.delivery_count > self.max_deliveries:
@@ -385,28 +543,15 @@ class Consumer:
                 lease.abandon(delay=self._backoff(message.delivery_count))
                 self._count("abandoned")
                 return "abandoned", exc
-            self.duration_policy.observe(time.monotonic() - start)
+            elapsed = time.monotonic() - start
+            if self.pass_lease and lease.state in _SELF_SETTLED:
+                return self._settled_by_handler(lease)
+            mean = self._handler_mean
+            self._handler_mean = elapsed if mean is None else mean + _EWMA * (elapsed - mean)
+            self.duration_policy.observe(elapsed)
             if self.idempotency is not None:
                 self.idempotency.record(message.id)
-            try:
-                if self._completer is None:
-                    lease.complete()
-                else:
-                    failure = self._completer.complete(lease)
-                    if failure is not None:
-                        raise failure
-            except errors.LeaseLost as exc:
-                self._count("stale_on_complete")
-                self.duration_policy.stale()
-                _log.warning(
-                    "message %r was handled but its receipt was stale on complete (%s); "
-                    "it may be delivered again",
-                    message.id,
-                    exc,
-                )
-                return "stale", exc
-            self._count("completed")
-            return "completed", None
+            return "handled", None
         except errors.LeaseLost as exc:
             self._count("lost")
             return "lost", exc
@@ -418,6 +563,23 @@ class Consumer:
             self._count("settle_errors")
             _log.error("could not settle message %r: %s", message.id, exc)
             return "error", exc
+
+    def _settled_by_handler(self, lease: Lease) -> tuple[str, BaseException | None]:
+        """A handler given the lease settled it itself: count that, settle nothing more."""
+        state = lease.state
+        self._count(_SELF_SETTLED[state])
+        return state.value, None
+
+    def _give_back(self, lease: Lease, keeper: LeaseKeeper) -> None:
+        """Stop keeping ``lease`` and abandon it if still held (after an unexpected error)."""
+        keeper.discard(lease)
+        if lease.state is not LeaseState.HELD:
+            return
+        try:
+            lease.abandon()
+            self._count("abandoned")
+        except (errors.LeaseError, errors.LeaseStateError) as exc:
+            _log.warning("could not abandon message %r: %s", lease.message.id, exc)
 
     def _backoff(self, delivery_count: int) -> float:
         limit = self.queue.capabilities.max_abandon_delay
@@ -432,32 +594,30 @@ class Consumer:
 
     # ---------------------------------------------------------------- shutdown
 
-    def _shutdown(
-        self,
-        pool: ThreadPoolExecutor,
-        futures: dict[Future[None], Lease],
-        keeper: LeaseKeeper,
-    ) -> None:
+    def _shutdown(self, workers: list[threading.Thread], keeper: LeaseKeeper) -> None:
         self._shutting_down = True
         with self._lock:
-            unstarted = list(self._pending.values())
-            self._pending.clear()
+            self._closing = True
+            unstarted = list(self._buffer)
+            self._buffer.clear()
             self._stats.buffered = 0
-        pool.shutdown(wait=False, cancel_futures=True)
+            self._ready.notify_all()
         for lease in unstarted:
             self._abandon_at_shutdown(lease, keeper)
-        running = [f for f, lease in futures.items() if not f.done()]
-        if running:
-            wait_futures(running, timeout=self.shutdown_grace)
+        deadline = time.monotonic() + self.shutdown_grace
+        for worker in workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
         with self._lock:
             overdue = list(self._started.values())
+        running = {id(lease) for lease in list(self._current.values())}
         for lease in overdue:
-            _log.warning(
-                "handler for message %r did not finish within the %.0f s grace period; "
-                "abandoning its lease",
-                lease.message.id,
-                self.shutdown_grace,
-            )
+            if id(lease) in running:
+                _log.warning(
+                    "handler for message %r did not finish within the %.0f s grace period; "
+                    "abandoning its lease",
+                    lease.message.id,
+                    self.shutdown_grace,
+                )
             self._abandon_at_shutdown(lease, keeper)
         if self._own_keeper:
             keeper.stop()

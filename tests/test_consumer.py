@@ -315,3 +315,102 @@ def test_group_completer_never_strands_a_waiting_completion(queue: Queue) -> Non
     assert not any(thread.is_alive() for thread in threads), "a completion was stranded"
     assert results == [None] * 12
     assert queue.stats().leased == 0
+
+
+def _count_delete_batches(queue: Queue) -> list[int]:
+    calls: list[int] = []
+    real = queue.driver.delete_batch
+
+    def counting(receipts):  # type: ignore[no-untyped-def]
+        calls.append(len(receipts))
+        return real(receipts)
+
+    queue.driver.delete_batch = counting  # type: ignore[method-assign]
+    return calls
+
+
+def test_fast_handlers_take_chunks_and_complete_each_chunk_in_one_call(queue: Queue) -> None:
+    queue.send_many([b"%d" % i for i in range(400)])
+    calls = _count_delete_batches(queue)
+    consumer = leasekit.Consumer(queue, lambda m: None, concurrency=4, lease_duration=30)
+    stats = consumer.run(until_idle=True)
+    assert stats.completed == 400 and queue.stats().visible == 0
+    assert max(calls) >= 8, f"a fast handler's completions were not batched: {calls}"
+    assert len(calls) < 400 / 4, f"too many complete calls for 400 messages: {len(calls)}"
+
+
+def test_slow_handlers_are_spread_one_message_per_worker(queue: Queue) -> None:
+    queue.send_many([b"%d" % i for i in range(16)])
+    running = 0
+    peak = 0
+    lock = threading.Lock()
+
+    def handler(message: leasekit.Message) -> None:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        time.sleep(0.05)  # the work itself, longer than the batch window
+        with lock:
+            running -= 1
+
+    stats = leasekit.Consumer(queue, handler, concurrency=4, lease_duration=30).run(until_idle=True)
+    assert stats.completed == 16
+    assert peak == 4, f"slow messages were not handled by every worker at once (peak {peak})"
+
+
+def test_chunk_size_follows_the_handler_time(queue: Queue) -> None:
+    consumer = leasekit.Consumer(queue, lambda m: None, concurrency=8, batch_window=0.005)
+    assert consumer._chunk_size(16) == 1, "no handler time observed yet: one at a time"
+    consumer._handler_mean = 0.000_01
+    assert consumer._chunk_size(16) == 16
+    assert consumer._chunk_size(5) == 5
+    consumer._handler_mean = 0.002
+    assert consumer._chunk_size(16) == 2
+    consumer._handler_mean = 0.1
+    assert consumer._chunk_size(16) == 1
+
+
+def test_a_handler_that_settles_its_own_lease_is_counted_and_not_settled_again(
+    queue: Queue,
+) -> None:
+    queue.send_many([b"%d" % i for i in range(20)])
+
+    def handler(lease: leasekit.Lease) -> None:
+        if int(lease.message.body) % 2:
+            lease.dead_letter("odd")
+        else:
+            lease.complete()
+
+    stats = leasekit.Consumer(
+        queue, handler, concurrency=3, lease_duration=30, pass_lease=True
+    ).run(until_idle=True)
+    assert (stats.completed, stats.dead_lettered) == (10, 10)
+    assert stats.settle_errors == 0 and stats.stale_on_complete == 0
+    assert queue.stats().visible == 0 and queue.stats().leased == 0
+
+
+def test_a_failing_idempotency_store_does_not_stop_the_worker(queue: Queue) -> None:
+    from leasekit.idempotency import MemoryIdempotencyStore
+
+    class FlakyStore(MemoryIdempotencyStore):
+        failed = False
+
+        def record(self, message_id: str) -> None:
+            if not FlakyStore.failed:
+                FlakyStore.failed = True
+                raise OSError("store unavailable")
+            super().record(message_id)
+
+    queue.send_many([b"%d" % i for i in range(10)])
+    consumer = leasekit.Consumer(
+        queue, lambda m: None, lease_duration=30, idempotency=FlakyStore(), backoff_base=0
+    )
+    result: list[leasekit.ConsumerStats] = []
+    runner = threading.Thread(target=lambda: result.append(consumer.run(until_idle=True)))
+    runner.start()
+    runner.join(20)
+    assert not runner.is_alive(), "the consumer's only worker died"
+    assert FlakyStore.failed
+    assert result[0].completed == 10 and result[0].abandoned >= 1
+    assert queue.stats().visible == 0 and queue.stats().leased == 0
