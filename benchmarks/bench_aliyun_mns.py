@@ -17,15 +17,21 @@ Scenarios:
     raw SDK, batched     the same receive, one ``batch_delete_message`` per batch
     leasekit             ``queue.lease(16, duration=30, wait=1)``, ``lease.complete()`` each;
                          sent with ``queue.send_many`` (batches of 16)
+    leasekit.Consumer    ``leasekit.Consumer(queue, no-op handler, concurrency=N)``
     leasekit, N threads  the same loop in a ThreadPoolExecutor of N lease/complete
-                         workers (:func:`leasekit_concurrent`; to be replaced by
-                         ``leasekit.Consumer``)
+                         workers (:func:`leasekit_concurrent`), for comparison
     leasekit, N threads, the same workers settling each leased batch with one
       batched settle     ``Queue._settle_many`` (``BatchDeleteMessage``), for comparison
 
-Run (bounded: about a minute)::
+``--paired N`` then measures target (b) more finely: N rounds in which the raw
+loop and the leasekit loop take turns draining 96 messages each from two equal
+queues, so both see the same machine load from moment to moment (see
+:func:`paired_raw_vs_leasekit`).
 
-    .venv/bin/python benchmarks/bench_aliyun_mns.py --messages 2000 --repeat 5 --workers 8
+Run (bounded: about a minute, plus about 10 s per paired round)::
+
+    .venv/bin/python benchmarks/bench_aliyun_mns.py --messages 2000 --repeat 5 \
+        --workers 8 --paired 5
 """
 
 from __future__ import annotations
@@ -201,6 +207,32 @@ def _leasekit_scenario(
         queue.close()
 
 
+def paired_raw_vs_leasekit(
+    account: Account, options: dict[str, str], messages: int, chunk: int = 96
+) -> tuple[float, float, float]:
+    """Drain two equal queues, raw and leasekit taking turns of ``chunk`` messages.
+
+    Returns:
+        (raw msg/s, leasekit msg/s, leasekit / raw), each side timed over its own turns.
+    """
+    raw = account.get_queue(_name("pair-raw"))
+    raw.create(QueueMeta())
+    queue = leasekit.open("aliyun-mns", queue=_name("pair-lk"), create=True, **options)
+    try:
+        raw_send(raw, _bodies(messages))
+        queue.send_many(_bodies(messages))
+        raw_s = leasekit_s = 0.0
+        for start in range(0, messages, chunk):
+            turn = min(chunk, messages - start)
+            raw_s += _timed(lambda turn=turn: raw_consume(raw, turn, batched=False))
+            leasekit_s += _timed(lambda turn=turn: leasekit_consume(queue, turn))
+        return messages / raw_s, messages / leasekit_s, raw_s / leasekit_s
+    finally:
+        raw.delete()
+        queue.delete()
+        queue.close()
+
+
 def run(endpoint: str, messages: int, repeat: int, workers: int) -> dict[str, dict[str, float]]:
     """Run every scenario ``repeat`` times; the order rotates each round.
 
@@ -265,13 +297,19 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=2000, help="messages per run (bounded)")
     parser.add_argument("--repeat", type=int, default=5, help="rounds of every scenario")
     parser.add_argument("--workers", type=int, default=8, help="threads for the concurrent run")
+    parser.add_argument(
+        "--paired",
+        type=int,
+        default=0,
+        help="rounds of raw and leasekit loops taking turns on equal queues (target b)",
+    )
     args = parser.parse_args()
     if not 1 <= args.messages <= 10000:
         parser.error(
             "--messages must be between 1 and 10000 (the emulator sorts a queue per receive)"
         )
-    if not 1 <= args.repeat <= 10 or not 2 <= args.workers <= 64:
-        parser.error("--repeat must be 1-10 and --workers 2-64")
+    if not 1 <= args.repeat <= 10 or not 2 <= args.workers <= 64 or not 0 <= args.paired <= 20:
+        parser.error("--repeat must be 1-10, --workers 2-64 and --paired 0-20")
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     server = ServerProcess(
@@ -280,8 +318,13 @@ def main() -> None:
         env={"LEASEKIT_MNS_ACCESS_KEY_ID": KEY_ID, "LEASEKIT_MNS_ACCESS_KEY_SECRET": KEY_SECRET},
         name="mns-emulator",
     )
+    paired: list[tuple[float, float, float]] = []
     with server:
         summary = run(endpoint, args.messages, args.repeat, args.workers)
+        account = Account(endpoint, KEY_ID, KEY_SECRET)
+        options = {"endpoint": endpoint, "access_key_id": KEY_ID, "access_key_secret": KEY_SECRET}
+        for _ in range(args.paired):
+            paired.append(paired_raw_vs_leasekit(account, options, args.messages))
     print(
         f"MNS emulator (leasekit.emulators.mns), {args.messages} messages of {BODY_SIZE} bytes, "
         f"median of {args.repeat} rounds (ratios: median of per-round ratios); "
@@ -289,6 +332,18 @@ def main() -> None:
         f"{os.getloadavg()[0]:.1f}\n"
     )
     print(markdown(summary))
+    if paired:
+        print(
+            f"\nPaired raw / leasekit loops, {args.messages} messages each, turns of 96, "
+            f"{len(paired)} rounds:"
+        )
+        for raw_rate, lk_rate, ratio in paired:
+            print(f"- raw {raw_rate:.0f} msg/s, leasekit {lk_rate:.0f} msg/s: {ratio:.3f}")
+        ratios = [ratio for _, _, ratio in paired]
+        print(
+            f"- leasekit / raw: median {statistics.median(ratios):.3f} "
+            f"(min {min(ratios):.3f}, max {max(ratios):.3f})"
+        )
 
 
 if __name__ == "__main__":

@@ -457,6 +457,13 @@ class Consumer:
         """Complete handled leases (in one batch where the backend allows); count each outcome."""
         if not done:
             return
+        with self._lock:
+            # Handled messages need no worker slot: make room for the receive loop now,
+            # so the next receive overlaps this settle call instead of waiting for it.
+            for lease in done:
+                self._started.pop(id(lease), None)
+            self._stats.in_flight = len(self._started)
+            self._lock.notify_all()
         if self._completer is not None:
             failures = self._completer.complete_many(done)
         elif self.batch_complete and len(done) > 1:
@@ -530,7 +537,7 @@ class Consumer:
                 with contextlib.suppress(errors.LeaseLost):  # someone else settles it then
                     lease.complete()
                 return "duplicate", None
-            if lease.lost.is_set():
+            if lease.state is LeaseState.LOST:
                 # Found lost (e.g. the worker was frozen past its lease) before it started.
                 self._count("lost")
                 return "lost", None

@@ -54,8 +54,7 @@ class Lease:
         self._lock = threading.RLock()
         self._lost_error: LeaseLost | None = None
         self._on_lost: list[Callable[[Lease, LeaseLost], None]] = []
-        #: Set when the lease is found lost (by a settle or a renew, e.g. the keeper's).
-        self.lost = threading.Event()
+        self._lost_event: threading.Event | None = None  # made on first use (most never are)
         #: :func:`time.monotonic` when the message was received.
         self.received_at = time.monotonic()
 
@@ -85,6 +84,22 @@ class Lease:
     def state(self) -> LeaseState:
         """The lease's state."""
         return self._state
+
+    @property
+    def lost(self) -> threading.Event:
+        """Set when the lease is found lost (by a settle or a renew, e.g. the keeper's).
+
+        Wait on it (``lease.lost.wait(timeout)``) or poll it (``lease.lost.is_set()``).
+        """
+        event = self._lost_event
+        if event is None:
+            with self._lock:
+                if self._lost_event is None:
+                    self._lost_event = threading.Event()
+                    if self._state is LeaseState.LOST:
+                        self._lost_event.set()
+                event = self._lost_event
+        return event
 
     @property
     def raw(self) -> Any:
@@ -210,7 +225,9 @@ class Lease:
             self._state = LeaseState.LOST
             self._lost_error = error
             callbacks, self._on_lost = self._on_lost, []
-        self.lost.set()
+            event = self._lost_event
+        if event is not None:
+            event.set()  # else: made already set when first asked for
         for callback in callbacks:
             try:
                 callback(self, error)

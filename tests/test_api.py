@@ -268,6 +268,18 @@ def test_on_lost_callback_fires_once(broker: MemoryBroker, queue: Queue) -> None
     assert seen == [first.message.id]
 
 
+def test_lost_event_taken_before_the_loss_is_set_by_it(broker: MemoryBroker, queue: Queue) -> None:
+    queue.send(b"x")
+    [first] = queue.lease(1, duration=10)
+    event = first.lost  # made on first use; the loss must set this same event
+    assert not event.is_set()
+    broker.clock.advance(11)  # type: ignore[attr-defined]
+    queue.lease(1, duration=10)
+    with pytest.raises(errors.LeaseLost):
+        first.renew()
+    assert event.is_set() and first.lost is event
+
+
 def test_dead_letter_without_native_support_moves_to_the_poison_queue(broker: MemoryBroker) -> None:
     driver = MemoryDriver(queue="orders", broker=broker)
     driver.capabilities = driver.capabilities.replace(native_dead_letter=False)
