@@ -24,8 +24,9 @@ Scenarios:
       batched settle     ``Queue._settle_many`` (``BatchDeleteMessage``), for comparison
 
 ``--paired N`` then measures target (b) more finely: N rounds in which the raw
-loop and the leasekit loop take turns draining 96 messages each from two equal
-queues, so both see the same machine load from moment to moment (see
+loop and the leasekit loop take turns (alternating who goes first) draining 96
+messages each from two equal queues, so both see the same machine load from
+moment to moment (see
 :func:`paired_raw_vs_leasekit`).
 
 Run (bounded: about a minute, plus about 10 s per paired round)::
@@ -222,10 +223,14 @@ def paired_raw_vs_leasekit(
         raw_send(raw, _bodies(messages))
         queue.send_many(_bodies(messages))
         raw_s = leasekit_s = 0.0
-        for start in range(0, messages, chunk):
+        for index, start in enumerate(range(0, messages, chunk)):
             turn = min(chunk, messages - start)
-            raw_s += _timed(lambda turn=turn: raw_consume(raw, turn, batched=False))
-            leasekit_s += _timed(lambda turn=turn: leasekit_consume(queue, turn))
+            if index % 2:  # alternate who goes first, so neither always follows the other
+                leasekit_s += _timed(lambda turn=turn: leasekit_consume(queue, turn))
+                raw_s += _timed(lambda turn=turn: raw_consume(raw, turn, batched=False))
+            else:
+                raw_s += _timed(lambda turn=turn: raw_consume(raw, turn, batched=False))
+                leasekit_s += _timed(lambda turn=turn: leasekit_consume(queue, turn))
         return messages / raw_s, messages / leasekit_s, raw_s / leasekit_s
     finally:
         raw.delete()
