@@ -436,8 +436,8 @@ class Consumer:
             if done and time.monotonic() - oldest >= self.batch_window:
                 self._flush(done, keeper)  # do not hold a completion behind a slow handler
                 done = []
-            if lease.state is not LeaseState.HELD:
-                continue  # abandoned at shutdown before it started
+            if lease.state is not LeaseState.HELD and lease.state is not LeaseState.LOST:
+                continue  # abandoned at shutdown before it started (a lost one is counted)
             self._current[index] = lease
             try:
                 self.queue._emit("leasekit_before_process", lease=lease)

@@ -414,3 +414,20 @@ def test_a_failing_idempotency_store_does_not_stop_the_worker(queue: Queue) -> N
     assert FlakyStore.failed
     assert result[0].completed == 10 and result[0].abandoned >= 1
     assert queue.stats().visible == 0 and queue.stats().leased == 0
+
+
+def test_a_message_found_lost_while_waiting_in_a_chunk_is_counted_and_not_handled(
+    queue: Queue,
+) -> None:
+    queue.send_many([b"a", b"b"])
+    handled: list[bytes] = []
+    consumer = leasekit.Consumer(queue, lambda m: handled.append(m.body), lease_duration=30)
+    first, second = queue.lease(2, duration=30)
+    first._mark_lost(errors.LeaseLost("simulated: the keeper found it lost"))
+    with leasekit.LeaseKeeper() as keeper:
+        keeper.add_many([second])
+        consumer._process_chunk(0, [first, second], keeper)
+        assert second not in keeper
+    assert handled == [second.message.body]
+    stats = consumer.stats
+    assert (stats.lost, stats.completed) == (1, 1)
