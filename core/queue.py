@@ -704,6 +704,20 @@ class Queue:
                 visibility = self._change_visibility(lease, seconds)
             except errors.LeaseLost:
                 continue
+            except (errors.BackendUnavailable, errors.BackendError) as exc:
+                # The message is already leased: hand it out with the visibility the
+                # receive gave it rather than drop it (it would stay invisible unused).
+                # Renewals still ask for ``seconds``.
+                self._log.warning(
+                    "could not set the lease of message %r to %.0f s (%s); it keeps the "
+                    "%.0f s the receive gave it",
+                    lease.message.id,
+                    seconds,
+                    exc,
+                    remaining,
+                )
+                kept.append(lease)
+                continue
             lease._receipt = visibility.receipt
             lease._expires_at = visibility.visible_until
             kept.append(lease)

@@ -475,3 +475,33 @@ def test_core_refuses_credentials_in_any_url_without_echoing_them(url: str) -> N
     with pytest.raises(errors.InvalidURL, match="carry no credentials") as info:
         leasekit.open(url)
     assert "hunter2" not in str(info.value)
+
+
+def test_a_failed_duration_change_after_receive_keeps_the_lease(broker: MemoryBroker) -> None:
+    """Where the lease is set after receive (MNS), a failed change must not drop messages."""
+    import dataclasses
+    from datetime import timedelta
+
+    driver = MemoryDriver(queue="after-receive", broker=broker)
+    driver.capabilities = driver.capabilities.replace(lease_set_after_receive=True)
+    queue = Queue(driver, retry=RetryPolicy(attempts=1))
+    queue.create()
+    queue.send_many([b"a", b"b"])
+    real_receive = driver.receive
+
+    def receive_with_queue_visibility(max_messages: int, visibility: float, wait: float) -> Any:
+        # As MNS does: the receive hides messages for the queue's own timeout (here +20 s).
+        return [
+            dataclasses.replace(raw, visible_until=raw.visible_until + timedelta(seconds=20))
+            for raw in real_receive(max_messages, visibility, wait)
+        ]
+
+    def failing_change(receipt: str, seconds: float) -> Any:
+        raise DriverError(ErrorCode.UNAVAILABLE, "blip")
+
+    driver.receive = receive_with_queue_visibility  # type: ignore[method-assign]
+    driver.change_visibility = failing_change  # type: ignore[method-assign]
+    leases = queue.lease(2, duration=10)
+    assert len(leases) == 2, "a failed visibility change dropped received messages"
+    assert queue.complete_many(leases) == [None, None]
+    assert queue.stats().visible == 0
