@@ -356,6 +356,21 @@ class MemoryDriver(Driver):
         assert rec.receipt is not None
         return Visibility(rec.receipt, until)
 
+    def abandon(self, receipt: str, delay: float) -> None:
+        """Release the message, visible again after ``delay``; its receipt stops working.
+
+        Clearing the receipt is what makes ``stats()`` count a message abandoned with
+        a delay as delayed, not leased.
+        """
+        with self.broker.cond:
+            q = self._q()
+            now = self._clock.time()
+            rec = self._held(q, receipt, now)
+            q.move(rec, now + delay)
+            rec.receipt = None
+            if delay <= 0:
+                self.broker.cond.notify_all()
+
     def change_visibility_batch(
         self, receipts: Sequence[str], seconds: float
     ) -> list[Visibility | BaseException]:

@@ -355,6 +355,24 @@ class SqliteDriver(Driver):
             raise result
         return result
 
+    def abandon(self, receipt: str, delay: float) -> None:
+        """Release the message, visible again after ``delay``; its receipt stops working.
+
+        Clearing the receipt is what makes ``stats()`` count a message abandoned with
+        a delay as delayed, not leased.
+        """
+        with self._lock:
+            conn = self._connection()
+            now = self._clock.time()
+            with self._write(conn):
+                cursor = conn.execute(
+                    f"UPDATE leasekit_messages SET visible_at = ?, receipt = NULL WHERE {_HELD}",
+                    (now + delay, _seq_of(receipt), receipt, self.queue, now),
+                )
+                if cursor.rowcount != 1:
+                    self._exists(conn)
+                    raise _lost(f"receipt {receipt!r} is stale or its message is gone")
+
     def change_visibility_batch(
         self, receipts: Sequence[str], seconds: float
     ) -> list[Visibility | BaseException]:

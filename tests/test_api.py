@@ -505,3 +505,19 @@ def test_a_failed_duration_change_after_receive_keeps_the_lease(broker: MemoryBr
     assert len(leases) == 2, "a failed visibility change dropped received messages"
     assert queue.complete_many(leases) == [None, None]
     assert queue.stats().visible == 0
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+def test_a_message_abandoned_with_a_delay_counts_as_delayed_not_leased(
+    backend: str, tmp_path: Any
+) -> None:
+    options: dict[str, Any] = {"path": str(tmp_path / "q.db")} if backend == "sqlite" else {}
+    with leasekit.open(backend, queue="abandoned", create=True, **options) as queue:
+        queue.send_many([b"a", b"b"])
+        first, second = queue.lease(2, duration=30)
+        first.abandon(delay=60)
+        stats = queue.stats()
+        assert (stats.visible, stats.leased, stats.delayed) == (0, 1, 1)
+        second.abandon()
+        assert queue.stats().visible == 1
+        queue.delete()
