@@ -182,6 +182,10 @@ class Consumer:
     which keeps the cost per message near that of a hand-written batch loop.
     A handled message is completed before the worker starts a message more than
     ``batch_window`` later, so a slow handler never holds others' completions.
+    A plugin implementing ``leasekit_before_process`` or ``leasekit_after_process``
+    sees each message's pair nested on its worker thread (the after hook once
+    the message is settled); with such a plugin registered, workers take one
+    message at a time (completions are still grouped across workers).
 
     Raises:
         InvalidArgument: a non-callable handler, concurrency < 1, max_deliveries < 1, ...
@@ -271,6 +275,9 @@ class Consumer:
         )
         self._max_chunk = max(1, min(MAX_CHUNK, self.prefetch + 1))
         self._handler_mean: float | None = None  # running mean of handler seconds
+        # Plugins with per-message worker hooks see them nested on the worker thread
+        # (before a, after a, before b, ...): then a worker takes one message at a time.
+        self._nested_hooks = False
         self._keeper = keeper
         self._own_keeper = keeper is None
         self._stats = ConsumerStats()
@@ -315,6 +322,9 @@ class Consumer:
             self._running = True
             self._closing = False
         self._stop.clear()
+        self._nested_hooks = self.queue._has_observers(
+            "leasekit_before_process"
+        ) or self.queue._has_observers("leasekit_after_process")
         keeper = self._keeper or LeaseKeeper()
         self._keeper = keeper
         workers = [
@@ -386,7 +396,7 @@ class Consumer:
         settling them in one batch call.
         """
         mean = self._handler_mean
-        if mean is None or buffered <= 1:
+        if mean is None or buffered <= 1 or self._nested_hooks:
             return 1
         fits = int(self.batch_window / mean) if mean > 0 else self._max_chunk
         return max(1, min(fits, self._max_chunk, buffered))

@@ -85,7 +85,14 @@ def leasekit_before_process(lease: Lease) -> None:
 
 @hookspec
 def leasekit_after_process(lease: Lease, error: BaseException | None, outcome: str) -> None:
-    """Called after the handler ran; ``outcome`` is what the consumer did with the lease."""
+    """Called after the handler ran and the lease was settled; ``outcome`` says how.
+
+    Outcomes: ``completed``, ``stale`` (handled, but the receipt was stale on
+    complete), ``abandoned`` (the handler raised; ``error`` is its exception),
+    ``dead_lettered`` (poison), ``duplicate`` (idempotency store), ``lost``,
+    ``error`` (settling failed), ``abandoned_at_shutdown``. On one worker thread
+    the hooks nest: ``before(a)``, ``after(a)``, ``before(b)``, ...
+    """
 
 
 @hookspec

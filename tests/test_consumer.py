@@ -431,3 +431,39 @@ def test_a_message_found_lost_while_waiting_in_a_chunk_is_counted_and_not_handle
     assert handled == [second.message.body]
     stats = consumer.stats
     assert (stats.lost, stats.completed) == (1, 1)
+
+
+class _ThreadRecorder:
+    def __init__(self) -> None:
+        self.events: dict[str, list[tuple[str, str]]] = {}
+        self.lock = threading.Lock()
+
+    def _add(self, kind: str, lease: leasekit.Lease) -> None:
+        with self.lock:
+            name = threading.current_thread().name
+            self.events.setdefault(name, []).append((kind, lease.message.id))
+
+    @leasekit.hookimpl
+    def leasekit_before_process(self, lease: leasekit.Lease) -> None:
+        self._add("before", lease)
+
+    @leasekit.hookimpl
+    def leasekit_after_process(self, lease: leasekit.Lease, outcome: str) -> None:
+        assert outcome == "completed"
+        self._add("after", lease)
+
+
+def test_worker_hooks_nest_per_message_on_each_worker_thread() -> None:
+    registry = leasekit.BackendRegistry()
+    recorder = _ThreadRecorder()
+    registry.register_plugin(recorder)
+    queue = registry.open("memory", queue=f"nested-{time.monotonic_ns()}", create=True)
+    queue.send_many([b"%d" % i for i in range(200)])
+    stats = leasekit.Consumer(queue, lambda m: None, concurrency=3).run(until_idle=True)
+    assert stats.completed == 200
+    total = 0
+    for events in recorder.events.values():
+        pairs = list(zip(events[::2], events[1::2], strict=True))
+        assert all(b[0] == "before" and a == ("after", b[1]) for b, a in pairs), events[:6]
+        total += len(pairs)
+    assert total == 200
