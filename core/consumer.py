@@ -587,17 +587,6 @@ class Consumer:
         self._count(_SELF_SETTLED[state])
         return state.value, None
 
-    def _give_back(self, lease: Lease, keeper: LeaseKeeper) -> None:
-        """Stop keeping ``lease`` and abandon it if still held (after an unexpected error)."""
-        keeper.discard(lease)
-        if lease.state is not LeaseState.HELD:
-            return
-        try:
-            lease.abandon()
-            self._count("abandoned")
-        except (errors.LeaseError, errors.LeaseStateError) as exc:
-            _log.warning("could not abandon message %r: %s", lease.message.id, exc)
-
     def _backoff(self, delivery_count: int) -> float:
         limit = self.queue.capabilities.max_abandon_delay
         if limit <= 0 or self.backoff_base <= 0:
@@ -642,14 +631,20 @@ class Consumer:
         self._shutting_down = False
 
     def _abandon_at_shutdown(self, lease: Lease, keeper: LeaseKeeper) -> None:
+        self._give_back(lease, keeper, "abandoned_at_shutdown", " at shutdown")
+
+    def _give_back(
+        self, lease: Lease, keeper: LeaseKeeper, counter: str = "abandoned", when: str = ""
+    ) -> None:
+        """Stop keeping ``lease`` and abandon it if still held; count it in ``counter``."""
         keeper.discard(lease)
         if lease.state is not LeaseState.HELD:
             return
         try:
             lease.abandon()
-            self._count("abandoned_at_shutdown")
+            self._count(counter)
         except (errors.LeaseError, errors.LeaseStateError) as exc:
-            _log.warning("could not abandon message %r at shutdown: %s", lease.message.id, exc)
+            _log.warning("could not abandon message %r%s: %s", lease.message.id, when, exc)
 
     def _install_signals(self) -> Callable[[], None]:
         if not self.handle_signals or threading.current_thread() is not threading.main_thread():

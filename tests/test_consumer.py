@@ -251,14 +251,7 @@ def test_worker_hooks_run_before_in_order_after_in_reverse_and_observer_errors_a
 
 def test_completions_are_grouped_into_batches(queue: Queue) -> None:
     queue.send_many([b"%d" % i for i in range(200)])
-    calls: list[int] = []
-    real = queue.driver.delete_batch
-
-    def counting(receipts):  # type: ignore[no-untyped-def]
-        calls.append(len(receipts))
-        return real(receipts)
-
-    queue.driver.delete_batch = counting  # type: ignore[method-assign]
+    calls = _count_delete_batches(queue)
     consumer = leasekit.Consumer(
         queue, lambda m: time.sleep(0.005), concurrency=8, lease_duration=30
     )
