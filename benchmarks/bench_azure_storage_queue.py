@@ -150,11 +150,15 @@ def run_leasekit(conn: str, name: str, count: int) -> int:
     return done
 
 
-def run_leasekit_concurrent(conn: str, name: str, count: int, workers: int = 8) -> int:
-    """(c) ``leasekit.Consumer`` with ``workers`` handler threads draining ``count`` messages."""
+def run_leasekit_concurrent(conn: str, name: str, count: int, workers: int = 8) -> float:
+    """(c) ``leasekit.Consumer`` with ``workers`` handler threads draining ``count`` messages.
+
+    Returns the seconds until the last message was completed (not a count):
+    stopping the Consumer afterwards, while its loop may be in a 1 s poll, is
+    not drain time.
+    """
     with leasekit.open("azure-storage-queue", queue=name, connection_string=conn) as queue:
-        consume_with_consumer(queue, count, workers)
-    return count
+        return consume_with_consumer(queue, count, workers)
 
 
 def kombu_url(conn: str) -> str:
@@ -273,7 +277,9 @@ def paired_raw_vs_leasekit(conn: str, count: int, chunk: int = 96) -> tuple[floa
     return rate_a, rate_b, rate_b / rate_a
 
 
-CONTENDERS: dict[str, tuple[str, Callable[[str, str, int], int], bool]] = {
+#: key -> (label, runner, fill in kombu's format). A runner returns the messages it
+#: drained, or (the Consumer) the seconds its drain took.
+CONTENDERS: dict[str, tuple[str, Callable[[str, str, int], int | float], bool]] = {
     "a": ("(a) raw azure-storage-queue loop, 1 thread", run_raw, False),
     "b": ("(b) leasekit lease/complete, 1 thread", run_leasekit, False),
     "c": (
@@ -352,8 +358,12 @@ def main() -> None:
                 fill(conn, name, args.messages, kombu_format=kombu_format)
                 py0, az0 = process_cpu(), group_cpu(pgid)
                 start = time.perf_counter()
-                done = run(conn, name, args.messages)
+                result = run(conn, name, args.messages)
                 elapsed = time.perf_counter() - start
+                if isinstance(result, float):
+                    done, elapsed = args.messages, result
+                else:
+                    done = result
                 py1, az1 = process_cpu(), group_cpu(pgid)
                 drop(conn, name)
                 rates[key].append(done / elapsed)
