@@ -281,7 +281,8 @@ class Consumer:
         self._keeper = keeper
         self._own_keeper = keeper is None
         self._stats = ConsumerStats()
-        mutex = threading.Lock()
+        # Re-entrant: stop() may run from a signal handler while the main thread holds it.
+        mutex = threading.RLock()
         self._lock = threading.Condition(mutex)  # the receive loop waits here for room
         self._ready = threading.Condition(mutex)  # idle workers wait here for messages
         self._stop = threading.Event()

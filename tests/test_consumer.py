@@ -460,3 +460,19 @@ def test_worker_hooks_nest_per_message_on_each_worker_thread() -> None:
         assert all(b[0] == "before" and a == ("after", b[1]) for b, a in pairs), events[:6]
         total += len(pairs)
     assert total == 200
+
+
+def test_stop_from_a_signal_handler_while_the_loop_holds_the_lock_does_not_deadlock(
+    queue: Queue,
+) -> None:
+    """A signal handler runs in the main thread between any two bytecodes, lock held or not."""
+    consumer = leasekit.Consumer(queue, lambda m: None)
+    finished = threading.Event()
+
+    def loop_holding_the_lock_when_the_signal_lands() -> None:
+        with consumer._lock:
+            consumer.stop()  # what the SIGTERM handler calls
+        finished.set()
+
+    threading.Thread(target=loop_holding_the_lock_when_the_signal_lands, daemon=True).start()
+    assert finished.wait(5), "stop() deadlocked on the consumer's own lock"
