@@ -536,6 +536,7 @@ class AliyunMnsDriver(Driver):
             max_message_size=MAX_BODY,
             max_wait=float(MAX_WAIT),
             max_abandon_delay=float(MAX_VISIBILITY),
+            min_abandon_delay=float(MIN_VISIBILITY),
             max_send_delay=float(MAX_DELAY),
             max_ttl=None,
             supports_properties=True,

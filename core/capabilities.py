@@ -58,6 +58,10 @@ class Capabilities:
     max_wait: float = 0.0
     #: Longest delay on abandon; 0 if abandon cannot be delayed.
     max_abandon_delay: float = 0.0
+    #: Shortest time an abandoned message stays hidden: ``abandon(delay)`` makes it
+    #: visible again after ``max(delay, min_abandon_delay)``. MNS: 1 s (it refuses a
+    #: visibility of 0). 0 where an abandoned message is visible again at once.
+    min_abandon_delay: float = 0.0
     #: Longest delay before a sent message becomes visible; 0 if unsupported.
     max_send_delay: float = 0.0
     #: Longest time-to-live on send; ``None`` if TTL is not supported.
@@ -82,6 +86,8 @@ class Capabilities:
             raise ValueError("Capabilities: need 0 <= min_lease <= max_lease")
         if self.lease_resolution <= 0 or not math.isfinite(self.lease_resolution):
             raise ValueError("Capabilities: lease_resolution must be positive")
+        if self.min_abandon_delay < 0 or (0 < self.max_abandon_delay < self.min_abandon_delay):
+            raise ValueError("Capabilities: need 0 <= min_abandon_delay <= max_abandon_delay")
         for name in ("max_receive_batch", "max_delete_batch", "max_renew_batch", "max_send_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Capabilities: {name} must be at least 1")

@@ -158,6 +158,9 @@ class Lease:
     def abandon(self, delay: float = 0) -> None:
         """Give the message back: visible again now, or after ``delay`` seconds.
 
+        A backend that cannot make it visible at once says so in
+        ``capabilities.min_abandon_delay`` (MNS: 1 s); the delay is at least that.
+
         Raises:
             InvalidArgument: a negative or too long delay (no call made).
             UnsupportedOperation: a delay on a backend that cannot delay.

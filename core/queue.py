@@ -594,7 +594,7 @@ class Queue:
             value = math.ceil(value / self.capabilities.lease_resolution - 1e-9) * (
                 self.capabilities.lease_resolution
             )
-        return value
+        return max(value, self.capabilities.min_abandon_delay)
 
     def _check_reason(self, reason: object) -> str:
         if not isinstance(reason, str) or not reason.strip():

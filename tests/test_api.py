@@ -521,3 +521,24 @@ def test_a_message_abandoned_with_a_delay_counts_as_delayed_not_leased(
         second.abandon()
         assert queue.stats().visible == 1
         queue.delete()
+
+
+def test_abandon_waits_at_least_the_declared_minimum(broker: MemoryBroker) -> None:
+    driver = MemoryDriver(queue="min-abandon", broker=broker)
+    driver.capabilities = driver.capabilities.replace(min_abandon_delay=1.0)
+    queue = Queue(driver)
+    queue.create()
+    queue.send(b"x")
+    [lease] = queue.lease(1, duration=10)
+    lease.abandon()
+    assert queue.lease(1, duration=10) == [], "visible before min_abandon_delay"
+    broker.clock.advance(1.0)  # type: ignore[attr-defined]
+    [again] = queue.lease(1, duration=10)
+    assert again.message.id == lease.message.id
+
+
+def test_capabilities_refuse_a_minimum_abandon_delay_above_the_maximum() -> None:
+    with pytest.raises(ValueError, match="min_abandon_delay"):
+        leasekit.Capabilities(max_abandon_delay=1.0, min_abandon_delay=2.0)
+    with pytest.raises(ValueError, match="min_abandon_delay"):
+        leasekit.Capabilities(min_abandon_delay=-1.0)
