@@ -312,6 +312,11 @@ class Consumer:
     def run(self, *, until_idle: bool = False) -> ConsumerStats:
         """Consume until :meth:`stop` (or a signal), or with ``until_idle`` until drained.
 
+        "Drained" means a lease call (waiting up to ``LEASE_WAIT``) found no message
+        while this consumer had none buffered or in flight. Messages not visible
+        then are not waited for: ones abandoned with a backoff delay after a
+        handler failure, sent with a delay, or leased by another consumer.
+
         Returns:
             The final stats. After a clean return no message is left leased by
             this consumer: unstarted ones are abandoned, and in-flight handlers
