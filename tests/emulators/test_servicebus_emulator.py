@@ -411,7 +411,7 @@ def test_receive_timeout_returns_empty_promptly(
         receiver.receive_messages(max_wait_time=0.2)  # open the link first
         started = time.monotonic()
         assert receiver.receive_messages(max_message_count=5, max_wait_time=0.5) == []
-        assert time.monotonic() - started < 1.5
+        assert time.monotonic() - started < 3  # prompt, not a hang
         # The credit left outstanding still works: a message sent now is received.
         send(client, queue, ServiceBusMessage(b"late"))
         [message] = receive_until(receiver, 1)
@@ -488,7 +488,7 @@ async def _aio_end_to_end(server: Any) -> None:
 
             started = time.monotonic()
             assert await receiver.receive_messages(max_wait_time=0.5) == []
-            assert time.monotonic() - started < 1.5
+            assert time.monotonic() - started < 3  # prompt, not a hang
 
         async with aux_receiver(sb, queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
             [dead] = await dlq.receive_messages(max_wait_time=MAX_WAIT)
@@ -559,7 +559,7 @@ def test_drain_is_answered_with_the_credit_given_back(servicebus_server: Any) ->
     started = time.monotonic()
     Container(handler).run()
     assert handler.drained
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 4  # answered, not given up on at MAX_WAIT
 
 
 def test_emulator_process_stops_cleanly_on_sigterm(tmp_path: Any) -> None:
