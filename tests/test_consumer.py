@@ -333,7 +333,7 @@ def test_fast_handlers_take_chunks_and_complete_each_chunk_in_one_call(queue: Qu
 
 
 def test_slow_handlers_are_spread_one_message_per_worker(queue: Queue) -> None:
-    queue.send_many([b"%d" % i for i in range(16)])
+    queue.send_many([b"%d" % i for i in range(32)])
     running = 0
     peak = 0
     lock = threading.Lock()
@@ -348,7 +348,7 @@ def test_slow_handlers_are_spread_one_message_per_worker(queue: Queue) -> None:
             running -= 1
 
     stats = leasekit.Consumer(queue, handler, concurrency=4, lease_duration=30).run(until_idle=True)
-    assert stats.completed == 16
+    assert stats.completed == 32
     assert peak == 4, f"slow messages were not handled by every worker at once (peak {peak})"
 
 
