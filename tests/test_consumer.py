@@ -476,3 +476,65 @@ def test_stop_from_a_signal_handler_while_the_loop_holds_the_lock_does_not_deadl
 
     threading.Thread(target=loop_holding_the_lock_when_the_signal_lands, daemon=True).start()
     assert finished.wait(5), "stop() deadlocked on the consumer's own lock"
+
+
+def test_stop_in_the_middle_of_a_chunk_settles_the_handled_and_gives_back_the_rest(
+    queue: Queue,
+) -> None:
+    """Fast messages travel in chunks; a stop mid-chunk must leave nothing leased or lost."""
+    total = 300
+    queue.send_many([b"%d" % i for i in range(total)])
+    handled: list[bytes] = []
+    blocking = threading.Event()
+    release = threading.Event()
+
+    def handler(message: leasekit.Message) -> None:
+        handled.append(message.body)
+        if len(handled) == 147:  # deep in the run, where workers take chunks
+            blocking.set()
+            release.wait(10)
+
+    consumer = leasekit.Consumer(queue, handler, concurrency=2, lease_duration=30, shutdown_grace=5)
+    runner = threading.Thread(target=consumer.run)
+    runner.start()
+    assert blocking.wait(10)
+    consumer.stop()
+    deadline = time.monotonic() + 5
+    while not consumer._shutting_down and time.monotonic() < deadline:
+        time.sleep(0.01)  # until the consumer is shutting down
+    release.set()
+    runner.join(10)
+    assert not runner.is_alive()
+    stats = consumer.stats
+    counts = queue.stats()
+    assert counts.leased == 0, "a stop mid-chunk left messages leased"
+    assert counts.visible == total - stats.completed, "completed and given back must add up"
+    assert len(set(handled)) == len(handled) == stats.completed
+    assert stats.received == stats.completed + stats.abandoned_at_shutdown
+
+
+def test_a_chunk_cut_short_by_shutdown_completes_its_handled_part_and_abandons_the_rest(
+    queue: Queue,
+) -> None:
+    queue.send_many([b"a", b"b", b"c", b"d"])
+    consumer = leasekit.Consumer(queue, lambda m: None, lease_duration=30)
+
+    def handler(message: leasekit.Message) -> None:
+        if message.body == b"b":
+            consumer._closing = True  # the stop arrives while "b" is being handled
+
+    consumer.handler = handler
+    chunk = sorted(queue.lease(4, duration=30), key=lambda lease: lease.message.body)
+    with leasekit.LeaseKeeper() as keeper:
+        keeper.add_many(chunk)
+        consumer._process_chunk(0, chunk, keeper)
+        assert len(keeper) == 0, "the keeper still holds leases of the cut chunk"
+    assert [lease.state.value for lease in chunk] == [
+        "completed",
+        "completed",
+        "abandoned",
+        "abandoned",
+    ]
+    stats = consumer.stats
+    assert (stats.completed, stats.abandoned_at_shutdown) == (2, 2)
+    assert queue.stats().visible == 2
