@@ -163,6 +163,10 @@ class Consumer:
             handler lets go); ``None`` renews while the handler runs.
         prefetch: messages leased ahead of free handler threads (kept leased too);
             default: a receive batch, at least ``concurrency``, at most 4x ``concurrency``.
+        receivers: threads leasing at once (each one receive call in flight). One
+            is enough while a receive returns quickly; more help where receive
+            latency, not CPU, bounds throughput (a distant region). The default
+            ``prefetch`` grows to leave room for a batch per receiver.
         backoff_base, backoff_max: abandon delay ``base * 2**(delivery_count-1)``, capped.
         shutdown_grace: seconds in-flight handlers get to finish on stop.
         pass_lease: call the handler with the :class:`Lease` instead of the message.
@@ -204,6 +208,7 @@ class Consumer:
         keeper: LeaseKeeper | None = None,
         max_lifetime: float | None = None,
         prefetch: int | None = None,
+        receivers: int = 1,
         backoff_base: float = 1.0,
         backoff_max: float = 300.0,
         shutdown_grace: float = 30.0,
@@ -226,6 +231,8 @@ class Consumer:
             raise errors.InvalidArgument(
                 f"max_deliveries must be an int >= 1 or None, got {max_deliveries!r}"
             )
+        if not isinstance(receivers, int) or isinstance(receivers, bool) or receivers < 1:
+            raise errors.InvalidArgument(f"receivers must be an int >= 1, got {receivers!r}")
         if prefetch is not None and (not isinstance(prefetch, int) or prefetch < 0):
             raise errors.InvalidArgument(f"prefetch must be an int >= 0, got {prefetch!r}")
         if backoff_base < 0 or backoff_max < 0 or shutdown_grace < 0:
@@ -252,8 +259,9 @@ class Consumer:
         # receives and grouped completions stay large.
         # Capped at 4x concurrency so a consumer does not hoard a big backend's batch.
         batch = queue.capabilities.max_receive_batch
-        default_prefetch = max(concurrency, min(batch, 4 * concurrency))
+        default_prefetch = max(concurrency, min(receivers * batch, 4 * concurrency))
         self.prefetch = default_prefetch if prefetch is None else prefetch
+        self.receivers = receivers
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
         self.shutdown_grace = shutdown_grace
@@ -288,6 +296,8 @@ class Consumer:
         self._stop = threading.Event()
         self._running = False
         self._buffer: deque[Lease] = deque()  # received, not yet taken by a worker
+        self._reserved = 0  # room taken by receive calls in progress
+        self._receiver_errors: list[BaseException] = []
         self._started: dict[int, Lease] = {}  # taken by a worker, not yet finished
         self._current: dict[int, Lease] = {}  # worker index -> the lease in its handler
         self._closing = False
@@ -346,10 +356,29 @@ class Consumer:
             worker.start()
         restore = self._install_signals()
         self.queue._emit("leasekit_worker_event", name="started", details=self._details())
+        self._receiver_errors = []
+        receivers = [
+            threading.Thread(
+                target=self._receive,
+                args=(keeper, until_idle),
+                name=f"leasekit-receiver-{index}",
+                daemon=True,
+            )
+            for index in range(1, self.receivers)
+        ]
+        for receiver in receivers:
+            receiver.start()
         try:
             self._loop(keeper, until_idle)
+            for receiver in receivers:
+                receiver.join()
+            if self._receiver_errors:
+                raise self._receiver_errors[0]
         finally:
             self.queue._emit("leasekit_worker_event", name="stopping", details=self._details())
+            self._stop.set()  # extra receivers end before the shutdown gives back the buffer
+            for receiver in receivers:
+                receiver.join()
             self._shutdown(workers, keeper)
             restore()
             with self._lock:
@@ -369,21 +398,27 @@ class Consumer:
         while not self._stop.is_set():
             with self._lock:
                 while (
-                    len(self._buffer) + len(self._started) > limit - refill
+                    len(self._buffer) + len(self._started) + self._reserved > limit - refill
                     and not self._stop.is_set()
                 ):
                     self._lock.wait(0.5)
-                outstanding = len(self._buffer) + len(self._started)
-            if self._stop.is_set():
-                return
-            want = max(1, min(limit - outstanding, batch))
-            duration = self._duration()
-            leases = self.queue.lease(want, duration=duration, wait=LEASE_WAIT)
+                if self._stop.is_set():
+                    return
+                outstanding = len(self._buffer) + len(self._started) + self._reserved
+                want = max(1, min(limit - outstanding, batch))
+                self._reserved += want
+            try:
+                duration = self._duration()
+                leases = self.queue.lease(want, duration=duration, wait=LEASE_WAIT)
+            finally:
+                with self._lock:
+                    self._reserved -= want
+                    self._lock.notify_all()
             if not leases:
                 with self._lock:
                     idle = not self._buffer and not self._started
                 if until_idle and idle:
-                    return
+                    return  # other receivers return when they find it idle too
                 continue
             keeper.add_many(leases, max_lifetime=self.max_lifetime)
             with self._lock:
@@ -392,6 +427,14 @@ class Consumer:
                 self._stats.buffered = len(self._buffer)
                 chunk = self._chunk_size(len(self._buffer))
                 self._ready.notify(-(-len(leases) // chunk))
+
+    def _receive(self, keeper: LeaseKeeper, until_idle: bool) -> None:
+        """An extra receiver thread (``receivers > 1``): the loop, its error kept for run()."""
+        try:
+            self._loop(keeper, until_idle)
+        except BaseException as exc:
+            self._receiver_errors.append(exc)
+            self.stop()
 
     def _chunk_size(self, buffered: int) -> int:
         """How many buffered messages one worker takes (call with the lock held).

@@ -16,6 +16,7 @@ import pytest
 import leasekit
 from leasekit import errors
 from leasekit.queue import Queue
+from leasekit.spi import DriverError, ErrorCode
 
 
 @pytest.fixture
@@ -132,6 +133,8 @@ def test_adaptive_policy_figures_show_in_consumer_stats(queue: Queue) -> None:
         {"max_deliveries": 0},
         {"lease_duration": -1},
         {"prefetch": -1},
+        {"receivers": 0},
+        {"receivers": True},
     ],
 )
 def test_bad_construction_is_refused(queue: Queue, kwargs: dict[str, object]) -> None:
@@ -538,3 +541,67 @@ def test_a_chunk_cut_short_by_shutdown_completes_its_handled_part_and_abandons_t
     stats = consumer.stats
     assert (stats.completed, stats.abandoned_at_shutdown) == (2, 2)
     assert queue.stats().visible == 2
+
+
+def _slow_small_receives(queue: Queue, batch: int, seconds: float) -> list[str]:
+    """Cap the receive batch and give each receive a round-trip time; record callers."""
+    driver = queue.driver
+    driver.capabilities = driver.capabilities.replace(max_receive_batch=batch)
+    callers: list[str] = []
+    real = driver.receive
+
+    def receive(max_messages, visibility, wait):  # type: ignore[no-untyped-def]
+        callers.append(threading.current_thread().name)
+        time.sleep(seconds)  # the round trip to a distant region, not synchronisation
+        return real(max_messages, visibility, wait)
+
+    driver.receive = receive  # type: ignore[method-assign]
+    return callers
+
+
+def test_several_receivers_lease_at_once_and_every_message_is_handled_once(
+    queue: Queue,
+) -> None:
+    queue.send_many([b"%d" % i for i in range(300)])
+    callers = _slow_small_receives(queue, batch=5, seconds=0.01)
+    seen: list[bytes] = []
+    lock = threading.Lock()
+
+    def handler(message: leasekit.Message) -> None:
+        with lock:
+            seen.append(message.body)
+
+    consumer = leasekit.Consumer(queue, handler, concurrency=4, lease_duration=30, receivers=3)
+    stats = consumer.run(until_idle=True)
+    assert stats.completed == 300 and sorted(seen) == sorted(b"%d" % i for i in range(300))
+    assert len(set(callers)) >= 2, f"only one thread leased: {set(callers)}"
+    assert queue.stats().visible == 0 and queue.stats().leased == 0
+    assert [t for t in threading.enumerate() if t.name.startswith("leasekit-")] == []
+
+
+def test_a_receiver_failing_stops_the_run_with_its_error_and_leaves_nothing_leased(
+    queue: Queue,
+) -> None:
+    queue.send_many([b"%d" % i for i in range(100)])
+    driver = queue.driver
+    driver.capabilities = driver.capabilities.replace(max_receive_batch=5)
+    real = driver.receive
+    calls = 0
+    lock = threading.Lock()
+
+    def receive(max_messages, visibility, wait):  # type: ignore[no-untyped-def]
+        nonlocal calls
+        with lock:
+            calls += 1
+            failing = calls >= 6
+        if failing:
+            raise DriverError(ErrorCode.UNKNOWN, "the receive broke")
+        return real(max_messages, visibility, wait)
+
+    driver.receive = receive  # type: ignore[method-assign]
+    consumer = leasekit.Consumer(queue, lambda m: None, concurrency=2, receivers=2)
+    with pytest.raises(errors.BackendError, match="the receive broke"):
+        consumer.run(until_idle=True)
+    counts = queue.stats()
+    assert counts.leased == 0, "a failed run left messages leased"
+    assert counts.visible == 100 - consumer.stats.completed
