@@ -775,15 +775,20 @@ class ServiceBusDriver(Driver):
             with self._gate.priority():
                 getattr(held.receiver, action)(held.message, **kwargs)
         except Exception as exc:
-            code = self._settle_error(exc)
-            if (code or self.error_code(exc)) is ErrorCode.LEASE_LOST:
-                self._forget(receipt)
-            if code is not None:
-                raise DriverError(
-                    code, f"azure-service-bus: {exc}", backend_code=self.backend_code(exc)
-                ) from exc
-            raise
+            failure = self._lock_call_failed(receipt, exc)
+            if failure is exc:
+                raise
+            raise failure from exc
         self._forget(receipt)
+
+    def _lock_call_failed(self, receipt: str, exc: Exception) -> Exception:
+        """What a failed settle or renew of ``receipt`` raises; a lost lock is forgotten."""
+        code = self._settle_error(exc)
+        if (code or self.error_code(exc)) is ErrorCode.LEASE_LOST:
+            self._forget(receipt)
+        if code is None:
+            return exc
+        return DriverError(code, f"azure-service-bus: {exc}", backend_code=self.backend_code(exc))
 
     def _settle_error(self, exc: BaseException) -> ErrorCode | None:
         """A translated code for SDK errors that are not themselves telling, else ``None``."""
@@ -802,14 +807,10 @@ class ServiceBusDriver(Driver):
             with self._gate.priority():
                 until = held.receiver.renew_message_lock(held.message)
         except Exception as exc:
-            code = self._settle_error(exc)
-            if (code or self.error_code(exc)) is ErrorCode.LEASE_LOST:
-                self._forget(receipt)
-            if code is not None:
-                raise DriverError(
-                    code, f"azure-service-bus: {exc}", backend_code=self.backend_code(exc)
-                ) from exc
-            raise
+            failure = self._lock_call_failed(receipt, exc)
+            if failure is exc:
+                raise
+            raise failure from exc
         held.locked_until = until.timestamp()
         return Visibility(receipt, to_datetime(held.locked_until))
 

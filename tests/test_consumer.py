@@ -143,6 +143,14 @@ def test_bad_construction_is_refused(queue: Queue, kwargs: dict[str, object]) ->
         leasekit.Consumer(queue, handler, **kwargs)  # type: ignore[arg-type]
 
 
+def _stop_and_wait_for_shutdown(consumer: leasekit.Consumer) -> None:
+    """Stop ``consumer`` and poll (with a deadline) until its shutdown has begun."""
+    consumer.stop()
+    deadline = time.monotonic() + 5
+    while not consumer._shutting_down and time.monotonic() < deadline:
+        time.sleep(0.01)  # until the consumer is shutting down (it notices within 1 s)
+
+
 def test_stop_abandons_unstarted_messages_and_waits_for_in_flight(queue: Queue) -> None:
     queue.send_many([b"%d" % i for i in range(10)])
     started = threading.Event()
@@ -156,10 +164,7 @@ def test_stop_abandons_unstarted_messages_and_waits_for_in_flight(queue: Queue) 
     runner = threading.Thread(target=consumer.run)
     runner.start()
     assert started.wait(5)
-    consumer.stop()
-    deadline = time.monotonic() + 5
-    while not consumer._shutting_down and time.monotonic() < deadline:
-        time.sleep(0.01)  # until the consumer is shutting down (it notices within 1 s)
+    _stop_and_wait_for_shutdown(consumer)
     release.set()
     runner.join(10)
     assert not runner.is_alive()
@@ -501,10 +506,7 @@ def test_stop_in_the_middle_of_a_chunk_settles_the_handled_and_gives_back_the_re
     runner = threading.Thread(target=consumer.run)
     runner.start()
     assert blocking.wait(10)
-    consumer.stop()
-    deadline = time.monotonic() + 5
-    while not consumer._shutting_down and time.monotonic() < deadline:
-        time.sleep(0.01)  # until the consumer is shutting down
+    _stop_and_wait_for_shutdown(consumer)
     release.set()
     runner.join(10)
     assert not runner.is_alive()
