@@ -298,10 +298,6 @@ def _whole_seconds(seconds: float) -> int:
     return math.ceil(seconds - 1e-9)
 
 
-def _visibility(seconds: float) -> int:
-    return min(MAX_VISIBILITY, max(MIN_VISIBILITY, _whole_seconds(seconds)))
-
-
 def _ms(value: Any) -> datetime:
     """A time in milliseconds since the epoch (MNS's format) as a UTC datetime."""
     return datetime.fromtimestamp(int(value) / 1000, UTC)
@@ -660,16 +656,16 @@ class AliyunMnsDriver(Driver):
         )
 
     def change_visibility(self, receipt: str, seconds: float) -> Visibility:
-        """``ChangeMessageVisibility`` (at least 1 s); returns the new handle MNS issues."""
+        """``ChangeMessageVisibility``; returns the new handle MNS issues.
+
+        Core keeps ``seconds`` within the capabilities (at least ``min_lease``, and
+        an abandon's delay at least ``min_abandon_delay``: MNS refuses 0).
+        """
         with self._clients.queue(self.queue) as sdk_queue:
-            changed = sdk_queue.change_message_visibility(receipt, _visibility(seconds))
+            changed = sdk_queue.change_message_visibility(receipt, _whole_seconds(seconds))
         return Visibility(
             receipt=str(changed.receipt_handle), visible_until=_ms(changed.next_visible_time)
         )
-
-    def abandon(self, receipt: str, delay: float) -> None:
-        """Visible again after ``delay``, at least 1 s (MNS refuses a visibility of 0)."""
-        self.change_visibility(receipt, delay)
 
     def delete(self, receipt: str) -> None:
         """``DeleteMessage`` with the receipt handle."""
