@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import leasekit
 from leasekit.queue import Queue
 
 
 def consume_with_consumer(
-    queue: Queue, total: int, concurrency: int, timeout: float = 300
+    queue: Queue, total: int, concurrency: int, timeout: float = 300, **options: Any
 ) -> float:
     """Seconds until a ``Consumer`` with ``concurrency`` threads has completed ``total`` messages.
 
     The handler does nothing, so this measures leasekit's own overhead and the
     backend; the clock stops when the last completion is counted (polled every 10 ms).
+    ``options`` go to the Consumer (``receivers``, ``prefetch``, ...).
     """
     consumer = leasekit.Consumer(
         queue,
@@ -23,6 +25,7 @@ def consume_with_consumer(
         concurrency=concurrency,
         lease_duration=30,
         handle_signals=False,
+        **options,
     )
     runner = threading.Thread(target=consumer.run, name="bench-consumer")
     start = time.perf_counter()

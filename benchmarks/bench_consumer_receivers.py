@@ -18,9 +18,10 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import threading
 import time
 from typing import Any
+
+from _consumer import consume_with_consumer
 
 import leasekit
 from leasekit.queue import Queue
@@ -46,26 +47,14 @@ def drain(
 ) -> float:
     """Messages per second for one Consumer draining ``messages``."""
     queue = _queue(f"receivers-{receivers}-{time.monotonic_ns()}", messages, batch, rtt)
-    consumer = leasekit.Consumer(
-        queue,
-        lambda message: None,
-        concurrency=concurrency,
-        lease_duration=30,
-        receivers=receivers,
-        prefetch=prefetch,
-        handle_signals=False,
-    )
-    runner = threading.Thread(target=consumer.run, name="bench-consumer")
-    start = time.perf_counter()
-    runner.start()
-    while consumer.stats.completed < messages:
-        time.sleep(0.005)  # sampling the counter; the work happens in the consumer
-    elapsed = time.perf_counter() - start
-    consumer.stop()
-    runner.join()
-    queue.delete()
-    queue.close()
-    return messages / elapsed
+    try:
+        seconds = consume_with_consumer(
+            queue, messages, concurrency, receivers=receivers, prefetch=prefetch
+        )
+    finally:
+        queue.delete()
+        queue.close()
+    return messages / seconds
 
 
 def main() -> None:

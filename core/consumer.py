@@ -71,6 +71,19 @@ _SELF_SETTLED = {
 _EWMA = 0.2
 
 
+def _start_threads(
+    prefix: str, indices: range, target: Callable[[int], None]
+) -> list[threading.Thread]:
+    """Start a daemon thread ``{prefix}-{i}`` running ``target(i)`` for each index."""
+    threads = [
+        threading.Thread(target=target, args=(index,), name=f"{prefix}-{index}", daemon=True)
+        for index in indices
+    ]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
 class _GroupCompleter:
     """Completes leases from many worker threads in backend-sized batches (group commit).
 
@@ -343,31 +356,17 @@ class Consumer:
         ) or self.queue._has_observers("leasekit_after_process")
         keeper = self._keeper or LeaseKeeper()
         self._keeper = keeper
-        workers = [
-            threading.Thread(
-                target=self._work,
-                args=(index, keeper),
-                name=f"leasekit-worker-{index}",
-                daemon=True,
-            )
-            for index in range(self.concurrency)
-        ]
-        for worker in workers:
-            worker.start()
+        workers = _start_threads(
+            "leasekit-worker", range(self.concurrency), lambda i: self._work(i, keeper)
+        )
         restore = self._install_signals()
         self.queue._emit("leasekit_worker_event", name="started", details=self._details())
         self._receiver_errors = []
-        receivers = [
-            threading.Thread(
-                target=self._receive,
-                args=(keeper, until_idle),
-                name=f"leasekit-receiver-{index}",
-                daemon=True,
-            )
-            for index in range(1, self.receivers)
-        ]
-        for receiver in receivers:
-            receiver.start()
+        receivers = _start_threads(  # the first receiver is this thread's own loop
+            "leasekit-receiver",
+            range(1, self.receivers),
+            lambda i: self._receive(keeper, until_idle),
+        )
         try:
             self._loop(keeper, until_idle)
             for receiver in receivers:
