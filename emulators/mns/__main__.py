@@ -8,6 +8,8 @@ Options:
     --access-key-secret S     its secret (default $LEASEKIT_MNS_ACCESS_KEY_SECRET, else
                               "leasekit-mns-emulator-secret"); prefer the environment
                               variable, which other users cannot see in the process list
+    --idle-timeout SECONDS    close a connection idle (or stalled mid-request) this long
+                              (default 45; 0 never closes one)
     --log-level LEVEL         DEBUG logs every request (default INFO)
 
 SIGTERM and Ctrl-C stop the server.
@@ -25,7 +27,20 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 
-from .server import DEFAULT_ACCESS_KEY_ID, DEFAULT_ACCESS_KEY_SECRET, MnsEmulator, log
+from .server import (
+    DEFAULT_ACCESS_KEY_ID,
+    DEFAULT_ACCESS_KEY_SECRET,
+    DEFAULT_IDLE_TIMEOUT,
+    MnsEmulator,
+    log,
+)
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, not {text!r}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,6 +59,14 @@ def _parser() -> argparse.ArgumentParser:
         "--access-key-secret",
         default=os.environ.get("LEASEKIT_MNS_ACCESS_KEY_SECRET", DEFAULT_ACCESS_KEY_SECRET),
         help="its secret (env LEASEKIT_MNS_ACCESS_KEY_SECRET, preferred)",
+    )
+    parser.add_argument(
+        "--idle-timeout",
+        type=_seconds,
+        default=DEFAULT_IDLE_TIMEOUT,
+        metavar="SECONDS",
+        help="close a connection idle or stalled mid-request this long; 0 never "
+        "(default %(default)s)",
     )
     parser.add_argument(
         "--log-level",
@@ -71,6 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.port,
         access_key_id=args.access_key_id,
         access_key_secret=args.access_key_secret,
+        idle_timeout=args.idle_timeout or None,
     )
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 
 from .errors import MnsError
 
-__all__ = ["MNS_VERSION", "check_request", "sign"]
+__all__ = ["MNS_VERSION", "check_digest", "check_signature", "sign"]
 
 MNS_VERSION = "2015-06-06"
 
@@ -76,20 +76,22 @@ def sign(secret: str, method: str, headers: Mapping[str, str], resource: str) ->
     return base64.b64encode(digest).decode("ascii")
 
 
-def check_request(
+def check_signature(
     method: str,
     headers: Mapping[str, str],
     resource: str,
-    body: bytes,
     credentials: Mapping[str, str],
 ) -> str:
-    """Authenticate a request.
+    """Authenticate a request from its request line and headers, before its body is read.
+
+    The signature covers the method, the Content-MD5, Content-Type and Date headers,
+    the ``x-mns-*`` headers and the URI, not the body: a request can be refused
+    before a byte of its body is read. :func:`check_digest` checks the body later.
 
     Parameters:
         method: the HTTP method.
         headers: request headers with lower-case names.
         resource: the raw request URI.
-        body: the request body.
         credentials: AccessKeyId -> AccessKeySecret of the accepted keys.
 
     Returns:
@@ -99,7 +101,7 @@ def check_request(
         MnsError: ``MissingAuthorizationHeader``/``InvalidAuthorizationHeader``
             (400), ``MissingDateHeader`` (400), ``MissingVersionHeader``/
             ``InvalidVersionHeader`` (400), ``InvalidAccessKeyId`` (403),
-            ``SignatureDoesNotMatch`` (403), ``InvalidDigest`` (400).
+            ``SignatureDoesNotMatch`` (403).
     """
     authorization = headers.get("authorization")
     if not authorization:
@@ -127,9 +129,21 @@ def check_request(
             403,
             "The request signature we calculated does not match the signature you provided.",
         )
+    return access_key_id
+
+
+def check_digest(headers: Mapping[str, str], body: bytes) -> None:
+    """Check the body against its signed ``Content-MD5`` header, if the request has one.
+
+    Parameters:
+        headers: request headers with lower-case names.
+        body: the request body.
+
+    Raises:
+        MnsError: ``InvalidDigest`` (400).
+    """
     content_md5 = headers.get("content-md5")
     if content_md5 is not None:
         hex_md5 = hashlib.md5(body, usedforsecurity=False).hexdigest()
         if content_md5 != base64.b64encode(hex_md5.encode("ascii")).decode("ascii"):
             raise MnsError("InvalidDigest", 400, "The Content-MD5 you specified is invalid.")
-    return access_key_id

@@ -36,12 +36,32 @@ Deviations and choices where MNS's documentation is silent:
   an ``InvalidRequestURL`` error body with the status http.server chose.
 - Topics, subscriptions, account attributes, FIFO queues (``MessageGroupId``),
   dead-letter policies, QPS limits and ``TimeExpired`` are not emulated.
+
+Limits that keep one client from exhausting the server:
+
+- A request is authenticated from its headers (the signature does not cover the
+  body) and its ``Content-Length`` is checked against :data:`MAX_REQUEST_BODY`
+  before a byte of its body is read; only then is the body read (and checked
+  against its ``Content-MD5``). A larger request gets MNS's ``InvalidArgument``
+  (400) for a value out of range, the error MNS documents for sizes
+  (https://www.alibabacloud.com/help/en/mns/developer-reference/syntax-of-error-responses:
+  "The value of Element should between Low and High seconds/bytes").
+  A refused body of up to 1 MiB is read and dropped so the connection stays
+  usable; a larger one is not read and the connection is closed after the answer.
+- Every read and write on a connection times out after ``idle_timeout`` seconds
+  (default :data:`DEFAULT_IDLE_TIMEOUT`): an idle keep-alive connection or a
+  request sent only in part is closed without an answer, freeing its thread. The
+  timeout is per socket operation, so a client trickling a byte at a time inside
+  it is not cut off. Each connection has its own thread, so stalled clients never
+  delay others.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -50,13 +70,15 @@ from types import TracebackType
 from urllib.parse import unquote
 
 from . import wire
-from .auth import MNS_VERSION, check_request
+from .auth import MNS_VERSION, check_digest, check_signature
 from .errors import MnsError
-from .store import Clock, MnsStore
+from .store import MAX_SEND_BODY, Clock, MnsStore
 
 __all__ = [
     "DEFAULT_ACCESS_KEY_ID",
     "DEFAULT_ACCESS_KEY_SECRET",
+    "DEFAULT_IDLE_TIMEOUT",
+    "MAX_REQUEST_BODY",
     "MnsEmulator",
     "serve",
 ]
@@ -66,6 +88,25 @@ log = logging.getLogger("leasekit.emulators.mns")
 # Well-known development credentials, like Azurite's account key: not secret.
 DEFAULT_ACCESS_KEY_ID = "leasekit-mns-emulator"
 DEFAULT_ACCESS_KEY_SECRET = "leasekit-mns-emulator-secret"
+
+#: The largest request body the emulator reads: the most message text MNS takes in one
+#: request (``MAX_SEND_BODY``, 64 KB) plus as much again for the XML around 16 messages
+#: and their user properties. A request declaring more is refused unread.
+MAX_REQUEST_BODY = 2 * MAX_SEND_BODY
+#: Seconds a connection may sit idle (between requests, or in the middle of one) before it
+#: is closed. Long enough that a client's keep-alive connection rarely drops between its
+#: calls (the SDK re-sends once on a dropped one), short enough that stalled clients give
+#: their threads back within a minute. Tests set it to a second or less.
+DEFAULT_IDLE_TIMEOUT = 45.0
+
+#: A refused request's body up to this size is read and dropped, so that the client gets
+#: the error on a connection it can go on using; a larger one is not read.
+_DISCARD_LIMIT = 1024 * 1024
+#: After refusing a larger body unread, drop whatever the client still sends for at most
+#: this long before closing (a "lingering close", as web servers do): closing a socket
+#: with unread data sends a reset, which can destroy the answer before the client reads it.
+_LINGER_SECONDS = 1.0
+_CONTENT_LENGTH_RE = re.compile(r"[0-9]{1,20}\Z")
 
 _Reply = tuple[int, bytes, dict[str, str]]
 
@@ -83,6 +124,9 @@ def _int_param(params: Mapping[str, str], name: str) -> int | None:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # The default backlog of 5 drops connections from a burst of clients (each retries its
+    # SYN only after a second); every accepted connection gets a thread of its own.
+    request_queue_size = 1024
 
     def __init__(self, address: tuple[str, int], emulator: MnsEmulator) -> None:
         self.emulator = emulator
@@ -96,6 +140,12 @@ class _Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
     server_version = "leasekit-mns-emulator"
     server: _Server
+    _linger = False
+
+    def setup(self) -> None:
+        """Give the connection the emulator's idle timeout (http.server closes it on expiry)."""
+        super().setup()
+        self.connection.settimeout(self.server.emulator.idle_timeout)
 
     def do_GET(self) -> None:
         """Handle GET."""
@@ -139,12 +189,10 @@ class _Handler(BaseHTTPRequestHandler):
         emulator = self.server.emulator
         base_url = f"http://{headers.get('host') or f'{emulator.host}:{emulator.port}'}"
         try:
-            length = int(headers.get("content-length") or 0)
-        except ValueError:
-            length = 0
-        body = self.rfile.read(length) if length > 0 else b""
-        try:
-            check_request(self.command, headers, self.path, body, emulator.credentials)
+            body = self._read_body(headers)
+            if body is None:
+                log.debug("client went away or stalled in the middle of request %s", request_id)
+                return
             status, payload, extra = self._dispatch(headers, body, base_url)
         except MnsError as exc:
             status, extra = exc.status, {}
@@ -154,6 +202,8 @@ class _Handler(BaseHTTPRequestHandler):
             status, extra = 500, {}
             payload = wire.error_xml("InternalError", "Internal error.", request_id, base_url)
         self._reply(status, payload, request_id, extra)
+        if self._linger:
+            self._lingering_close()
         log.debug(
             "%s %s -> %d (%.1f ms, request %s)",
             self.command,
@@ -162,6 +212,67 @@ class _Handler(BaseHTTPRequestHandler):
             (time.monotonic() - started) * 1000,
             request_id,
         )
+
+    def _read_body(self, headers: Mapping[str, str]) -> bytes | None:
+        """Authenticate the request and bound its size, then read its body.
+
+        Returns:
+            The body, or ``None`` if the client closed the connection or stalled past the
+            idle timeout before sending all of it.
+
+        Raises:
+            MnsError: the request is refused (its body has then been dropped, or the
+                connection will close).
+        """
+        raw_length = (headers.get("content-length") or "0").strip()
+        if not _CONTENT_LENGTH_RE.match(raw_length):
+            self.close_connection = True  # where this request ends is unknown
+            raise MnsError.invalid_argument("The Content-Length header is invalid.")
+        length = int(raw_length)
+        try:
+            check_signature(self.command, headers, self.path, self.server.emulator.credentials)
+            if length > MAX_REQUEST_BODY:
+                raise MnsError.out_of_range("Content-Length", 0, MAX_REQUEST_BODY, "bytes")
+        except MnsError:
+            self._drop_body(length)
+            raise
+        try:
+            body = self.rfile.read(length) if length else b""
+        except OSError:  # stalled past the idle timeout, or reset
+            body = b""
+        if len(body) < length:
+            self.close_connection = True
+            return None
+        check_digest(headers, body)
+        return body
+
+    def _drop_body(self, length: int) -> None:
+        """Skip the body of a refused request: read a small one, close after a large one."""
+        if length > _DISCARD_LIMIT:
+            self.close_connection = self._linger = True
+            return
+        try:
+            while length > 0:
+                chunk = self.rfile.read(min(length, 64 * 1024))
+                if not chunk:
+                    break
+                length -= len(chunk)
+        except OSError:  # stalled past the idle timeout, or reset
+            pass
+        if length > 0:
+            self.close_connection = True
+
+    def _lingering_close(self) -> None:
+        """Send FIN, then drop what the client still sends, for a bounded time."""
+        deadline = time.monotonic() + _LINGER_SECONDS
+        try:
+            self.connection.shutdown(socket.SHUT_WR)
+            while (left := deadline - time.monotonic()) > 0:
+                self.connection.settimeout(left)
+                if not self.connection.recv(64 * 1024):
+                    break
+        except OSError:  # timed out or reset: close now
+            pass
 
     def _reply(
         self,
@@ -291,6 +402,8 @@ class MnsEmulator:
         credentials: several accepted ``{id: secret}`` pairs instead of one.
         clock: time source in epoch seconds for message timing (tests pass a
             fake one to age messages without waiting).
+        idle_timeout: seconds a connection may stay idle, between requests or in
+            the middle of one, before it is closed; ``None`` never closes one.
 
     Use it as a context manager (``with MnsEmulator() as mns: mns.endpoint``) or
     call :meth:`start`/:meth:`stop`; :meth:`serve_forever` blocks instead.
@@ -305,7 +418,11 @@ class MnsEmulator:
         access_key_secret: str = DEFAULT_ACCESS_KEY_SECRET,
         credentials: Mapping[str, str] | None = None,
         clock: Clock = time.time,
+        idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
     ) -> None:
+        if idle_timeout is not None and not idle_timeout > 0:
+            raise ValueError(f"idle_timeout must be > 0 seconds or None, not {idle_timeout!r}")
+        self.idle_timeout = idle_timeout
         self.credentials: dict[str, str] = (
             dict(credentials) if credentials is not None else {access_key_id: access_key_secret}
         )
@@ -381,6 +498,7 @@ def serve(
     access_key_id: str = DEFAULT_ACCESS_KEY_ID,
     access_key_secret: str = DEFAULT_ACCESS_KEY_SECRET,
     clock: Clock = time.time,
+    idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
 ) -> None:
     """Run an emulator in the calling thread until interrupted.
 
@@ -390,9 +508,15 @@ def serve(
         access_key_id: the accepted AccessKey ID.
         access_key_secret: its secret (never logged).
         clock: time source in epoch seconds.
+        idle_timeout: seconds before an idle or stalled connection is closed.
     """
     emulator = MnsEmulator(
-        host, port, access_key_id=access_key_id, access_key_secret=access_key_secret, clock=clock
+        host,
+        port,
+        access_key_id=access_key_id,
+        access_key_secret=access_key_secret,
+        clock=clock,
+        idle_timeout=idle_timeout,
     )
     log.info("MNS emulator listening on %s (AccessKeyId %s)", emulator.endpoint, access_key_id)
     emulator.serve_forever()

@@ -45,6 +45,7 @@ __all__ = [
     "ATTRIBUTE_LIMITS",
     "DEFAULT_ATTRIBUTES",
     "MAX_BATCH",
+    "MAX_SEND_BODY",
     "Clock",
     "MessageView",
     "MnsStore",
@@ -73,6 +74,10 @@ DEFAULT_ATTRIBUTES: dict[str, int] = {
     "VisibilityTimeout": 30,
 }
 MAX_BATCH = 16  # BatchSend/BatchReceive/BatchPeek/BatchDelete take at most 16 entries.
+#: The most body text one SendMessage or BatchSendMessage carries, all messages together:
+#: "Each batch supports up to 16 messages with a combined maximum size of 64 KB"
+#: (https://www.alibabacloud.com/help/en/mns/developer-reference/batchsendmessage).
+MAX_SEND_BODY = 65536
 PRIORITY_RANGE = (1, 16)  # 1 is the highest priority.
 DEFAULT_PRIORITY = 8
 MESSAGE_DELAY_RANGE = (0, 604800)
@@ -411,8 +416,8 @@ class MnsStore:
 
         Raises:
             MnsError: ``QueueNotExist`` or ``InvalidArgument`` (body size outside
-                1..MaximumMessageSize bytes, delay or priority out of range,
-                too many messages).
+                1..MaximumMessageSize bytes, bodies over :data:`MAX_SEND_BODY` bytes
+                together, delay or priority out of range, too many messages).
         """
         if not 1 <= len(messages) <= MAX_BATCH:
             raise MnsError.out_of_range("Messages", 1, MAX_BATCH, "messages")
@@ -424,10 +429,14 @@ class MnsStore:
         with self._lock:
             queue = self._queue(name)
             max_size = queue.attributes["MaximumMessageSize"]
+            total = 0
             for message in messages:
                 size = len(message.body.encode("utf-8"))
                 if not 1 <= size <= max_size:
                     raise MnsError.out_of_range("MessageBody", 1, max_size, "bytes")
+                total += size
+            if total > MAX_SEND_BODY:
+                raise MnsError.out_of_range("Messages", 1, MAX_SEND_BODY, "bytes")
             now = self._clock()
             sent = []
             for message in messages:

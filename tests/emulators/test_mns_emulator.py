@@ -12,6 +12,8 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import http.client
+import socket
 import threading
 import time
 import uuid
@@ -33,6 +35,7 @@ from leasekit.emulators.mns import (
     DEFAULT_ACCESS_KEY_SECRET,
     MnsEmulator,
 )
+from leasekit.emulators.mns.server import MAX_REQUEST_BODY
 
 # aliyun-mns-sdk 1.3.0 warns on every GetQueueAttributes that the message counts
 # will be removed from a later SDK; the emulator still serves them.
@@ -660,6 +663,118 @@ def test_every_response_has_content_length_and_request_id(env: Env) -> None:
         assert header(response, "Content-Length") == str(len(response.data.encode()))
         assert header(response, "x-mns-request-id")
         assert header(response, "x-mns-version") == "2015-06-06"
+
+
+# ------------------------------------------- oversize and stalled requests
+
+
+def signed_head(env: Env, method: str, uri: str, data: bytes, content_length: int) -> bytes:
+    """A request line and headers signed by the SDK's signer, announcing ``content_length``."""
+    client = MNSClient(env.endpoint, env.key_id, env.secret)
+    request = RequestInternal(method, uri)
+    request.data = data
+    client.build_header(SimpleNamespace(request_id=None), request)
+    lines = [f"{method} {uri} HTTP/1.1", f"Content-Length: {content_length}"]
+    lines += [f"{name}: {value}" for name, value in request.header.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def raw_exchange(env: Env, head: bytes, body: bytes = b"") -> tuple[int, str, bytes]:
+    """Send ``head`` and ``body`` on a new connection; return the status, the body of the
+    answer and what follows it before the server closes the connection.
+    """
+    host, port = env.endpoint.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(head + body)
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        payload = response.read().decode()
+        return response.status, payload, sock.recv(1)
+
+
+def test_huge_content_length_is_refused_unread_and_the_server_stays_healthy(env: Env) -> None:
+    queue = env.queue()
+    uri = f"/queues/{queue.queue_name}/messages"
+    xml = b'<Message xmlns="http://mns.aliyuncs.com/doc/v1/"><MessageBody>a</MessageBody></Message>'
+    huge = 10**12
+    started = time.monotonic()
+    status, payload, after = raw_exchange(env, signed_head(env, "POST", uri, xml, huge), xml * 50)
+    assert time.monotonic() - started < 2  # answered at once, not after reading 1 TB
+    assert status == 400
+    assert "<Code>InvalidArgument</Code>" in payload
+    assert f"Content-Length should between 0 and {MAX_REQUEST_BODY} bytes" in payload
+    assert after == b""  # and the connection is closed: the body was never read
+
+    unsigned = f"POST {uri} HTTP/1.1\r\nContent-Length: {huge}\r\n\r\n".encode()
+    status, payload, after = raw_exchange(env, unsigned, xml)
+    assert status == 400
+    assert "<Code>MissingAuthorizationHeader</Code>" in payload  # refused before its size
+    assert after == b""
+
+    queue.send_message(Message("still serving"))
+    assert queue.receive_message().message_body == b"still serving"
+
+
+def test_batches_over_64_kb_are_refused_with_invalid_argument_on_a_usable_connection(
+    env: Env,
+) -> None:
+    queue = env.account().get_queue(env.queue().queue_name)
+    queue.set_encoding(False)
+    over_64_kb = [Message("m" * 5000) for _ in range(16)]  # 80,000 bytes of body text
+    error = server_error(lambda: queue.batch_send_message(over_64_kb))
+    assert (error.type, error.message) == (
+        "InvalidArgument",
+        "The value of Messages should between 1 and 65536 bytes.",
+    )
+    over_request_limit = [Message("m" * 9000) for _ in range(16)]  # a 144 KB request
+    error = server_error(lambda: queue.batch_send_message(over_request_limit))
+    assert error.type == "InvalidArgument"
+    assert "Content-Length" in error.message
+    queue.batch_send_message([Message("m" * 4096) for _ in range(16)])  # exactly 64 KiB
+    assert queue.get_attributes().active_messages == 16
+
+
+def test_stalled_clients_do_not_block_others_and_are_closed_after_the_idle_timeout() -> None:
+    """300 connections stall (idle, half the headers, half the body); an SDK client is
+    served at once meanwhile, and the server closes every stalled one after its idle timeout.
+    """
+    from leasekit.emulators._process import ServerProcess, free_port, python_module
+
+    idle_timeout = 1.0
+    port = free_port()
+    argv = python_module(
+        "leasekit.emulators.mns", "--port", str(port), "--idle-timeout", str(idle_timeout)
+    )
+    with ServerProcess(argv, port, name="mns-idle-timeout"):
+        env = Env(f"http://127.0.0.1:{port}", DEFAULT_ACCESS_KEY_ID, DEFAULT_ACCESS_KEY_SECRET)
+        queue = env.queue()
+        xml = b'<Message xmlns="http://mns.aliyuncs.com/doc/v1/"><MessageBody>aGk=</MessageBody></Message>'
+        head = signed_head(env, "POST", f"/queues/{queue.queue_name}/messages", xml, len(xml))
+        stalls = [
+            b"",  # connected, never sends
+            head[: len(head) // 2],  # half the headers
+            head + xml[:10],  # the headers and part of the body
+        ]
+        opened = time.monotonic()
+        stalled = []
+        for index in range(300):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+            sock.sendall(stalls[index % 3])
+            stalled.append(sock)
+
+        queue.send_message(Message("served"))  # a real SDK client, served meanwhile
+        assert queue.receive_message().message_body == b"served"
+        assert time.monotonic() - opened < idle_timeout  # all 300 were still open then
+
+        for sock in stalled:
+            sock.settimeout(idle_timeout + 5)
+            assert sock.recv(1) == b""  # closed by the server, unanswered
+            sock.close()
+        closed = time.monotonic() - opened
+        assert idle_timeout * 0.9 <= closed < idle_timeout + 5
+        assert queue.get_attributes().active_messages == 0  # no stalled send got through
+    with pytest.raises(ValueError, match="idle_timeout"):
+        MnsEmulator(idle_timeout=0)
 
 
 # ---------------------------------------------------------------- concurrency
