@@ -316,24 +316,40 @@ def _matrix_markdown(data: dict[str, Any]) -> str:
 
 @app.command()
 def demo(
-    messages: Annotated[int, typer.Option(help="Messages to enqueue.")] = 3000,
-    workers: Annotated[int, typer.Option(help="Worker processes at once.")] = 3,
-    concurrency: Annotated[int, typer.Option(help="Handler threads per worker.")] = 4,
-    lease: Annotated[float, typer.Option(help="Physical lease in seconds.")] = 2.0,
+    messages: Annotated[int, typer.Option(min=1, help="Messages to enqueue.")] = 3000,
+    workers: Annotated[int, typer.Option(min=1, help="Worker processes at once.")] = 3,
+    concurrency: Annotated[int, typer.Option(min=1, help="Handler threads per worker.")] = 4,
+    lease: Annotated[float, typer.Option(min=0.01, help="Physical lease in seconds.")] = 2.0,
     kill_every: Annotated[
-        float, typer.Option(help="Seconds between worker kills or freezes.")
+        float, typer.Option(min=0.1, help="Seconds between worker kills or freezes.")
     ] = 1.5,
+    time_limit: Annotated[
+        float | None,
+        typer.Option(
+            min=0.1,
+            help="Stop after this many seconds and report what is still unprocessed "
+            "(default: scaled to --messages).",
+            show_default=False,
+        ),
+    ] = None,
     directory: Annotated[
         str | None, typer.Option("--dir", help="Keep the SQLite files here.")
     ] = None,
 ) -> None:
-    """Workers killed mid-message; every message processed, none lost (embedded SQLite)."""
-    from .demo import run_demo, summary_rows
+    """Workers killed mid-message; every message processed, none lost (embedded SQLite).
 
+    Exit status: 0 when every message was processed; 3 when the time limit came
+    first and every unprocessed message is still in the queue; 1 when a message
+    was lost or dead-lettered.
+    """
+    from .demo import default_time_limit, run_demo, summary_rows, verdict
+
+    if time_limit is None:
+        time_limit = default_time_limit(messages, workers, concurrency)
     console.print(
         f"[bold]leasekit demo[/]: {messages} messages, {workers} worker processes x "
         f"{concurrency} threads, {lease:g} s leases kept alive by the keeper, "
-        f"a worker killed or frozen every {kill_every:g} s"
+        f"a worker killed or frozen every {kill_every:g} s, time limit {time_limit:g} s"
     )
     summary = run_demo(
         messages=messages,
@@ -342,6 +358,7 @@ def demo(
         lease=lease,
         kill_every=kill_every,
         directory=directory,
+        time_limit=time_limit,
     )
     table = Table(title="summary")
     table.add_column("")
@@ -349,13 +366,14 @@ def demo(
     for label, value in summary_rows(summary):
         table.add_row(label, value)
     console.print(table)
-    if summary.ok:
-        console.print(
-            "[bold green]OK[/]: every message processed, none lost; duplicates of work "
-            "already recorded were suppressed by the idempotency store"
-        )
+    outcome, sentence = verdict(summary)
+    if outcome == "ok":
+        console.print(f"[bold green]OK[/]: {sentence}")
         return
-    err_console.print("[bold red]FAILED[/]: not every message was processed exactly as expected")
+    if outcome == "time limit":
+        console.print(f"[bold yellow]TIME LIMIT[/]: {sentence}")
+        raise typer.Exit(3)
+    err_console.print(f"[bold red]FAILED[/]: {sentence}")
     raise typer.Exit(1)
 
 
