@@ -21,7 +21,7 @@ Scenarios:
     leasekit, N threads  the same loop in a ThreadPoolExecutor of N lease/complete
                          workers (:func:`leasekit_concurrent`), for comparison
     leasekit, N threads, the same workers settling each leased batch with one
-      batched settle     ``Queue._settle_many`` (``BatchDeleteMessage``), for comparison
+      batched settle     ``Queue.complete_many`` (``BatchDeleteMessage``), for comparison
 
 ``--paired N`` then measures target (b) more finely: N rounds in which the raw
 loop and the leasekit loop take turns (alternating who goes first) draining 96
@@ -120,7 +120,7 @@ def leasekit_concurrent(queue: Queue, total: int, workers: int, *, batched: bool
     Returns the seconds until the last message was completed: workers still in
     an empty long poll then (at most ``wait=1`` s) are waited for, not timed.
     With ``batched``, each worker settles its leased batch with one
-    ``Queue._settle_many`` (``BatchDeleteMessage``) instead of one ``complete()`` each.
+    ``Queue.complete_many`` (``BatchDeleteMessage``) instead of one ``complete()`` each.
     """
     lock = threading.Lock()
     done = 0
@@ -136,7 +136,7 @@ def leasekit_concurrent(queue: Queue, total: int, workers: int, *, batched: bool
                     return
             leases = queue.lease(per_lease, duration=30, wait=1)
             if batched:
-                queue._settle_many(leases)
+                queue.complete_many(leases)
             else:
                 for lease in leases:
                     lease.complete()
@@ -260,7 +260,7 @@ def run(endpoint: str, messages: int, repeat: int, workers: int) -> dict[str, di
             lambda n: _leasekit_scenario(options, n, workers),
         ),
         (
-            f"leasekit, {workers} threads, batched settle (Queue._settle_many)",
+            f"leasekit, {workers} threads, batched settle (Queue.complete_many)",
             lambda n: _leasekit_scenario(options, n, workers, batched=True),
         ),
     ]

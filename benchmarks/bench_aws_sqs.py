@@ -15,7 +15,7 @@ Scenarios:
     raw boto3, batched   receive 10, one ``delete_message_batch``
     leasekit             ``queue.lease(10, wait=1)``, ``lease.complete()`` each
     leasekit, batched    ``queue.lease(10, wait=1)``, one ``DeleteMessageBatch``
-                         through ``Queue._settle_many`` (the Consumer's batch path)
+                         through ``Queue.complete_many`` (the Consumer's batch path)
     leasekit, N threads  the same loop in a ThreadPoolExecutor of N lease/complete
                          workers (:func:`leasekit_concurrent`; to be replaced by
                          ``leasekit.Consumer`` when it lands)
@@ -109,13 +109,13 @@ def leasekit_consume(queue: Queue, total: int) -> int:
 def leasekit_consume_batched(queue: Queue, total: int) -> int:
     """One thread: lease 10, complete them in one ``DeleteMessageBatch``.
 
-    Uses ``Queue._settle_many``, the batch path the Consumer and the Spark source use.
+    Uses ``Queue.complete_many``, the batch path the Consumer and the Spark source use.
     """
     done = 0
     while done < total:
         leases = queue.lease(10, duration=30, wait=1)
         if leases:
-            errors = [e for e in queue._settle_many(leases) if e is not None]
+            errors = [e for e in queue.complete_many(leases) if e is not None]
             assert not errors, errors
         done += len(leases)
     return done
@@ -241,7 +241,7 @@ def scenarios(endpoint: str, workers: int) -> list[Callable[[], Scenario]]:
             )
         if threads == 0:
             return Scenario(
-                "leasekit, batched complete (Queue._settle_many)",
+                "leasekit, batched complete (Queue.complete_many)",
                 queue.send_many,
                 lambda n: leasekit_consume_batched(queue, n),
                 close,

@@ -286,7 +286,7 @@ def hold_lease_keeper(emu: Emulator, locks: int, hold: float, lock: float) -> di
                     time.sleep(hold)  # the work: nothing but keeping the locks
                 for lease in held:
                     keeper.discard(lease)
-                results = queue._settle_many(held)
+                results = queue.complete_many(held)
                 stats = keeper.stats
     finally:
         emu.drop(name)

@@ -73,7 +73,7 @@ def run_keeper(n: int, duration: float, seconds: float) -> dict[str, float]:
         "cpu_s": used,
         "cpu_per_renewal_us": used / max(stats.renewed, 1) * 1e6,
     }
-    queue._settle_many(leases)
+    queue.complete_many(leases)
     queue.delete()
     return result
 

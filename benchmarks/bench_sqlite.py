@@ -9,7 +9,7 @@ Work, for each contender, on a fresh database file in a temporary directory:
 Contenders (each with its library's defaults, WAL journal in all three):
 
 * ``leasekit (batch complete)`` — ``queue.lease(100)`` then the internal
-  ``queue._settle_many(leases)`` (one ``DELETE`` transaction per batch);
+  ``queue.complete_many(leases)`` (one ``DELETE`` transaction per batch);
   sends with ``queue.send_many`` (500 per transaction). ``synchronous=NORMAL``.
 * ``leasekit (complete each)`` — the same, completing with ``lease.complete()``
   one by one (the public API today: one transaction per message).
@@ -77,7 +77,7 @@ def run_leasekit(
                 for lease in leases:
                     lease.complete()
             else:
-                results = queue._settle_many(leases)
+                results = queue.complete_many(leases)
                 assert not any(results), results
             done += len(leases)
         end = time.perf_counter()

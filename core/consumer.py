@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import signal
 import threading
 import time
@@ -27,6 +28,20 @@ _log = logging.getLogger("leasekit.consumer")
 
 #: How long one lease call waits for messages; bounds how fast ``stop()`` is noticed.
 LEASE_WAIT = 1.0
+#: Backoff after a failed receive (seconds): first, and the cap. A worker loop
+#: never exits on a transient fault; it waits and tries again while its workers
+#: and the keeper go on.
+RECEIVE_BACKOFF_START = 0.1
+RECEIVE_BACKOFF_MAX = 5.0
+#: Backoff between retries of a completion that failed transiently (first, cap).
+SETTLE_BACKOFF_START = 0.1
+SETTLE_BACKOFF_MAX = 2.0
+#: Longest a handled message's completion is retried while its lease stays
+#: held (the keeper renews it meanwhile); after that it is left to come back.
+SETTLE_RETRY_LIMIT = 60.0
+#: How long giving leases back at shutdown may take in all; a lease not given
+#: back in time comes back by itself when its physical lease runs out.
+SHUTDOWN_CALL_TIMEOUT = 2.0
 
 
 @dataclass
@@ -46,6 +61,8 @@ class ConsumerStats:
     stale_on_complete: int = 0
     lost: int = 0
     settle_errors: int = 0
+    settle_retries: int = 0
+    receive_errors: int = 0
     abandoned_at_shutdown: int = 0
     in_flight: int = 0
     buffered: int = 0
@@ -82,6 +99,11 @@ def _start_threads(
     for thread in threads:
         thread.start()
     return threads
+
+
+def _transient(failure: _Failure) -> bool:
+    """Whether a failed completion may work if tried again (the backend was unreachable)."""
+    return isinstance(failure, errors.BackendUnavailable)
 
 
 class _GroupCompleter:
@@ -146,9 +168,9 @@ class _GroupCompleter:
 
 
 def _settle_batch(queue: Queue, batch: list[Lease]) -> list[_Failure]:
-    """``queue._settle_many`` that reports a whole-batch failure per lease, never raises."""
+    """``queue.complete_many`` that reports a whole-batch failure per lease, never raises."""
     try:
-        return queue._settle_many(batch)
+        return queue.complete_many(batch)
     except errors.LeaseError as exc:
         return [exc] * len(batch)
     except Exception as exc:  # never leave a waiting completion stranded
@@ -261,7 +283,7 @@ class Consumer:
             seconds = (
                 queue.default_lease_duration
                 if lease_duration is None
-                else queue._check_duration(lease_duration)
+                else queue.check_duration(lease_duration)
             )
             duration_policy = FixedLeaseDuration(seconds)
         self.duration_policy = duration_policy
@@ -315,6 +337,7 @@ class Consumer:
         self._current: dict[int, Lease] = {}  # worker index -> the lease in its handler
         self._closing = False
         self._shutting_down = False
+        self._shutdown_deadline: float | None = None  # set while stopping
 
     # ------------------------------------------------------------------ public
 
@@ -394,6 +417,7 @@ class Consumer:
         # Lease again only when a worthwhile batch fits: refilling one slot at a
         # time turns every completion into a receive call.
         refill = max(1, min(batch, limit // 2))
+        failures = 0  # receives failed in a row
         while not self._stop.is_set():
             with self._lock:
                 while (
@@ -409,10 +433,32 @@ class Consumer:
             try:
                 duration = self._duration()
                 leases = self.queue.lease(want, duration=duration, wait=LEASE_WAIT)
+            except errors.BackendUnavailable as exc:
+                failures += 1
+                self._count("receive_errors")
+                pause = min(RECEIVE_BACKOFF_MAX, RECEIVE_BACKOFF_START * 2 ** (failures - 1))
+                pause *= 0.5 + random.random() / 2
+                if failures == 1 or failures % 10 == 0:
+                    _log.warning(
+                        "receiving from %r failed (%d in a row), retrying in %.1f s: %s",
+                        self.queue.name,
+                        failures,
+                        pause,
+                        exc,
+                    )
+                self._stop.wait(pause)
+                continue
+            except errors.LeaseError as exc:
+                # Not transient (authentication, queue not found, ...): retrying cannot help.
+                _log.error("consumer of %r stops: receiving failed: %s", self.queue.name, exc)
+                raise
             finally:
                 with self._lock:
                     self._reserved -= want
                     self._lock.notify_all()
+            if failures:
+                _log.info("receiving from %r works again", self.queue.name)
+                failures = 0
             if not leases:
                 with self._lock:
                     idle = not self._buffer and not self._started
@@ -488,8 +534,9 @@ class Consumer:
             if self._closing:
                 # Stopping: what this worker has not started goes back to the queue.
                 self._flush(done, keeper)
-                for rest in chunk[position:]:
-                    self._abandon_at_shutdown(rest, keeper)
+                self._give_back_many(
+                    chunk[position:], keeper, "abandoned_at_shutdown", " at shutdown"
+                )
                 return
             if done and time.monotonic() - oldest >= self.batch_window:
                 self._flush(done, keeper)  # do not hold a completion behind a slow handler
@@ -528,6 +575,8 @@ class Consumer:
             failures = _settle_batch(self.queue, done)
         else:
             failures = [self._complete_one(lease) for lease in done]
+        if any(_transient(failure) for failure in failures):
+            failures = self._retry_settles(done, failures)
         keeper.discard_many(done)
         completed = 0
         for lease, failure in zip(done, failures, strict=True):
@@ -537,6 +586,42 @@ class Consumer:
         if completed:
             with self._lock:
                 self._stats.completed += completed
+
+    def _retry_settles(self, done: list[Lease], failures: list[_Failure]) -> list[_Failure]:
+        """Retry completions that failed transiently while their leases are still held.
+
+        The keeper goes on renewing them meanwhile, so a short outage costs a
+        delay, not a second delivery. Stops for a lease when it is completed,
+        found lost (the keeper marks it at its deadline) or refused for good;
+        and for all after ``SETTLE_RETRY_LIMIT`` seconds or past the shutdown grace.
+        """
+        failures = list(failures)
+        give_up = time.monotonic() + SETTLE_RETRY_LIMIT
+        attempt = 0
+        while True:
+            pending = [
+                i
+                for i, failure in enumerate(failures)
+                if _transient(failure) and done[i].state is LeaseState.HELD
+            ]
+            if not pending:
+                return failures
+            now = time.monotonic()
+            limit = (
+                give_up
+                if self._shutdown_deadline is None
+                else min(give_up, self._shutdown_deadline)
+            )
+            if now >= limit:
+                return failures
+            attempt += 1
+            pause = min(SETTLE_BACKOFF_MAX, SETTLE_BACKOFF_START * 2 ** (attempt - 1))
+            time.sleep(min(pause * (0.5 + random.random() / 2), max(0.0, limit - now)))
+            leases = [done[i] for i in pending]
+            with self._lock:
+                self._stats.settle_retries += len(leases)
+            for i, failure in zip(pending, _settle_batch(self.queue, leases), strict=True):
+                failures[i] = failure
 
     @staticmethod
     def _complete_one(lease: Lease) -> _Failure:
@@ -577,7 +662,7 @@ class Consumer:
         if caps.fixed_lease is not None:
             return caps.fixed_lease
         wanted = self.duration_policy.current()
-        return self.queue._check_duration(min(max(wanted, caps.min_lease), caps.max_lease))
+        return self.queue.check_duration(min(max(wanted, caps.min_lease), caps.max_lease))
 
     def _handle(self, lease: Lease) -> tuple[str, BaseException | None]:
         """Run the handler on one lease; ``"handled"`` means it is ready to be completed."""
@@ -656,9 +741,9 @@ class Consumer:
             self._buffer.clear()
             self._stats.buffered = 0
             self._ready.notify_all()
-        for lease in unstarted:
-            self._abandon_at_shutdown(lease, keeper)
+        self._give_back_many(unstarted, keeper, "abandoned_at_shutdown", " at shutdown")
         deadline = time.monotonic() + self.shutdown_grace
+        self._shutdown_deadline = deadline
         for worker in workers:
             worker.join(max(0.0, deadline - time.monotonic()))
         with self._lock:
@@ -672,14 +757,38 @@ class Consumer:
                     lease.message.id,
                     self.shutdown_grace,
                 )
-            self._abandon_at_shutdown(lease, keeper)
+        self._give_back_many(overdue, keeper, "abandoned_at_shutdown", " at shutdown")
         if self._own_keeper:
             keeper.stop()
             self._keeper = None
         self._shutting_down = False
+        self._shutdown_deadline = None
 
-    def _abandon_at_shutdown(self, lease: Lease, keeper: LeaseKeeper) -> None:
-        self._give_back(lease, keeper, "abandoned_at_shutdown", " at shutdown")
+    def _give_back_many(
+        self, leases: list[Lease], keeper: LeaseKeeper, counter: str, when: str
+    ) -> None:
+        """Abandon the held ones of ``leases`` in one call bounded by ``SHUTDOWN_CALL_TIMEOUT``.
+
+        A lease not given back in time is left to expire: it comes back then,
+        and nothing is lost.
+        """
+        keeper.discard_many(leases)
+        held = [lease for lease in leases if lease.state is LeaseState.HELD]
+        if not held:
+            return
+        try:
+            results = self.queue.abandon_many(held, timeout=SHUTDOWN_CALL_TIMEOUT)
+        except (errors.LeaseError, errors.LeaseStateError) as exc:
+            results = [exc] * len(held)
+        given = 0
+        for lease, result in zip(held, results, strict=True):
+            if result is None:
+                given += 1
+            elif not isinstance(result, errors.LeaseStateError):
+                _log.warning("could not abandon message %r%s: %s", lease.message.id, when, result)
+        if given:
+            with self._lock:
+                setattr(self._stats, counter, getattr(self._stats, counter) + given)
 
     def _give_back(
         self, lease: Lease, keeper: LeaseKeeper, counter: str = "abandoned", when: str = ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import errors
+from .deadline import DeadlineExceeded
 from .spi import Driver, ErrorCode
 
 __all__ = ["ERROR_CLASSES", "wrap_error"]
@@ -29,6 +30,8 @@ def wrap_error(driver: Driver, exc: BaseException, doing: str) -> errors.LeaseEr
     """
     if isinstance(exc, errors.LeaseError):
         return exc
+    if isinstance(exc, DeadlineExceeded):
+        return errors.BackendUnavailable(f"{doing} failed: {exc}")
     if isinstance(exc, NotImplementedError):
         return errors.UnsupportedOperation(
             f"{driver.scheme or type(driver).__name__}: {doing} is not supported ({exc})"

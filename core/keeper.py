@@ -1,27 +1,39 @@
-"""The lease keeper: renews held leases before they expire, from one scheduler thread.
+"""The lease keeper: renews held leases before they expire, and never pretends.
 
 A worker takes a short physical lease and the keeper renews it while the work
 goes on, so a crash is recovered after one short lease, not a long one, and a
 hung worker lets go after ``max_lifetime``. Leases longer than the backend can
 hold physically (Service Bus's fixed lock) are kept the same way, in steps.
 
-Design: one scheduler thread keeps a deadline heap of every held lease and wakes
+Design: one scheduler thread keeps a timer wheel of every held lease and wakes
 at the earliest renewal point; due leases are grouped by queue and duration and
-renewed in the backend's batch size by a small pool, so 100,000 leases cost a
-few threads, not 100,000 timers.
+renewed in the backend's batch size. Each queue has its own *lane* of renewal
+threads, so one unresponsive endpoint delays no other queue's renewals.
+
+The keeper never pretends: a renewal call carries a deadline of the time left
+on its leases (it never outlives them), and while it is in flight the
+scheduler watches each lease's own deadline (:attr:`Lease.time_left`, core's
+clock). A lease whose deadline passes is marked lost then, within a scheduler
+tick, whether or not its renewal call has returned; on a backend that cannot
+detect stale receipts, a renewal that returns after the deadline counts as
+lost too. No lock is held across a network call, so ``lease.complete()`` and
+``lease.lost`` never wait for a hung renewal, and :meth:`LeaseKeeper.stop`
+returns within ``stop_timeout`` seconds, cancelling queued renewals.
 """
 
 from __future__ import annotations
 
 import heapq
 import logging
+import math
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from types import TracebackType
 
 from . import errors
@@ -43,8 +55,8 @@ JITTER = 0.1
 #: First and largest backoff (seconds) after a transient renewal failure.
 RETRY_START = 0.1
 RETRY_MAX = 2.0
-#: Wait before retrying a lease that was busy (its holder was settling it).
-BUSY_RETRY = 0.02
+#: Default for ``stop_timeout``: how long ``stop()`` waits for renewal calls in flight.
+STOP_TIMEOUT = 2.0
 
 
 @dataclass
@@ -73,10 +85,81 @@ class _Held:
     lease: Lease
     duration: float | None
     release_at: float | None
+    #: Bumped on every reschedule: timer entries of an older generation are ignored.
+    generation: int = 0
+    #: When the entry is next looked at (a renewal point, a retry, or the deadline).
     due: float = 0.0
     active: bool = True
+    in_flight: bool = False
     failures: int = 0
-    first_failure: float | None = None
+    #: The renewal point the entry was dispatched for (for lateness).
+    planned: float = 0.0
+
+
+class _Lane:
+    """Renewal calls for one queue, on threads of its own (at most ``workers``).
+
+    A queue whose endpoint hangs ties up only its own lane; the threads are
+    daemons, made on demand, and every call they make carries a deadline, so a
+    hung one ends when its leases would have.
+    """
+
+    def __init__(self, name: str, workers: int) -> None:
+        self._name = name
+        self._workers = workers
+        self._jobs: deque[Callable[[], None]] = deque()
+        self._cond = threading.Condition()
+        self._threads: list[threading.Thread] = []
+        self._idle = 0
+        self._closed = False
+
+    def submit(self, job: Callable[[], None]) -> bool:
+        """Queue ``job``; ``False`` if the lane is closed."""
+        with self._cond:
+            if self._closed:
+                return False
+            self._jobs.append(job)
+            if self._idle == 0 and len(self._threads) < self._workers:
+                thread = threading.Thread(
+                    target=self._work,
+                    name=f"leasekit-renew-{self._name}-{len(self._threads)}",
+                    daemon=True,
+                )
+                self._threads.append(thread)
+                thread.start()
+            else:
+                self._cond.notify()
+            return True
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                self._idle += 1
+                while not self._jobs and not self._closed:
+                    self._cond.wait()
+                self._idle -= 1
+                if self._closed:
+                    return
+                job = self._jobs.popleft()
+            try:
+                job()
+            except Exception:
+                _log.exception("renewal job failed on queue %r", self._name)
+
+    def close(self) -> int:
+        """Stop taking jobs and drop the queued ones; return how many were dropped."""
+        with self._cond:
+            self._closed = True
+            dropped = len(self._jobs)
+            self._jobs.clear()
+            self._cond.notify_all()
+            return dropped
+
+    def join(self, until: float) -> list[threading.Thread]:
+        """Join the lane's threads until ``until`` (monotonic); return those still running."""
+        for thread in self._threads:
+            thread.join(max(0.0, until - time.monotonic()))
+        return [thread for thread in self._threads if thread.is_alive()]
 
 
 class LeaseKeeper:
@@ -87,8 +170,10 @@ class LeaseKeeper:
         margin: but never later than this many seconds before expiry (a floor for short leases).
         max_lifetime: stop renewing a lease this many seconds after it was added
             (``None``: renew until released); the message then comes back to the queue.
-        workers: threads making renewal calls.
+        workers: threads making renewal calls, per queue (each queue has its own,
+            so a hung endpoint delays no other queue's renewals).
         on_lost: called as ``on_lost(lease, error)`` when a lease is found lost.
+        stop_timeout: how long :meth:`stop` waits for renewal calls in flight.
 
     Usable on its own::
 
@@ -98,7 +183,9 @@ class LeaseKeeper:
                 lease.complete()
 
     The keeper starts its threads on first use; :meth:`stop` (or leaving the
-    ``with`` block) stops and joins every thread it started.
+    ``with`` block) stops them. A lease is reported lost (its state, its
+    ``lost`` event, ``on_lost``) once its time is up without a renewal, even
+    while the renewal call hangs.
     """
 
     def __init__(
@@ -109,29 +196,37 @@ class LeaseKeeper:
         max_lifetime: float | None = None,
         workers: int = 4,
         on_lost: Callable[[Lease, errors.LeaseLost], None] | None = None,
+        stop_timeout: float = STOP_TIMEOUT,
     ) -> None:
-        if not 0 < renew_at < 1:
+        if not _number(renew_at) or not 0 < renew_at < 1:
             raise errors.InvalidArgument(f"renew_at must be between 0 and 1, got {renew_at!r}")
-        if margin < 0:
-            raise errors.InvalidArgument(f"margin must be >= 0, got {margin!r}")
-        if max_lifetime is not None and max_lifetime <= 0:
+        if not _number(margin) or not 0 <= margin < math.inf:
+            raise errors.InvalidArgument(f"margin must be a finite number >= 0, got {margin!r}")
+        if max_lifetime is not None and (not _number(max_lifetime) or not max_lifetime > 0):
             raise errors.InvalidArgument(f"max_lifetime must be > 0, got {max_lifetime!r}")
-        if workers < 1:
-            raise errors.InvalidArgument(f"workers must be >= 1, got {workers!r}")
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+            raise errors.InvalidArgument(f"workers must be an int >= 1, got {workers!r}")
+        if on_lost is not None and not callable(on_lost):
+            raise errors.InvalidArgument(f"on_lost must be callable, got {on_lost!r}")
+        if not _number(stop_timeout) or not 0 <= stop_timeout < math.inf:
+            raise errors.InvalidArgument(
+                f"stop_timeout must be a finite number >= 0, got {stop_timeout!r}"
+            )
         self.renew_at = renew_at
         self.margin = margin
         self.max_lifetime = max_lifetime
         self.on_lost = on_lost
+        self.stop_timeout = stop_timeout
         self.stats = KeeperStats()
         self._workers = workers
-        # A timer wheel: due entries in TICK-wide buckets, and a heap of bucket keys.
-        self._buckets: dict[int, list[_Held]] = {}
+        # A timer wheel: (entry, generation) in TICK-wide buckets, and a heap of bucket keys.
+        self._buckets: dict[int, list[tuple[_Held, int]]] = {}
         self._keys: list[int] = []
         self._held: dict[int, _Held] = {}
+        self._lanes: dict[int, _Lane] = {}
         self._cond = threading.Condition()
         self._state = "new"
         self._thread: threading.Thread | None = None
-        self._pool: ThreadPoolExecutor | None = None
 
     def __repr__(self) -> str:
         return f"<LeaseKeeper {self._state} holding={len(self._held)}>"
@@ -139,23 +234,25 @@ class LeaseKeeper:
     # ------------------------------------------------------------- lifecycle
 
     def start(self) -> LeaseKeeper:
-        """Start the scheduler thread and the renewal pool (idempotent)."""
+        """Start the scheduler thread (idempotent); renewal threads start on demand."""
         with self._cond:
             if self._state == "running":
                 return self
             if self._state == "stopped":
                 raise errors.LeaseStateError("a stopped LeaseKeeper cannot be restarted")
             self._state = "running"
-            self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="leasekit-renew")
             self._thread = threading.Thread(target=self._run, name="leasekit-keeper", daemon=True)
             self._thread.start()
         return self
 
     def stop(self) -> None:
-        """Stop renewing, and stop and join every thread the keeper started.
+        """Stop renewing; return within ``stop_timeout`` seconds.
 
-        Held leases are not settled; their physical leases run out and the
-        messages come back unless their holders settle them.
+        Queued renewals are cancelled; renewal calls in flight get until
+        ``stop_timeout`` to return (each carries its own deadline, so one still
+        running ends by itself when its leases' time is up). Held leases are
+        not settled: their physical leases run out and the messages come back
+        unless their holders settle them.
         """
         with self._cond:
             if self._state != "running":
@@ -163,15 +260,26 @@ class LeaseKeeper:
                 return
             self._state = "stopped"
             self._cond.notify_all()
-            thread, pool = self._thread, self._pool
-        if thread is not None:
-            thread.join()
-        if pool is not None:
-            pool.shutdown(wait=True)
+            thread = self._thread
+            lanes = list(self._lanes.values())
+        until = time.monotonic() + self.stop_timeout
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()  # the scheduler makes no network call: it ends at once
+        cancelled = sum(lane.close() for lane in lanes)
+        running = [t for lane in lanes for t in lane.join(until)]
+        if running:
+            _log.warning(
+                "LeaseKeeper stopped with %d renewal call(s) still in flight; each ends "
+                "by its deadline",
+                len(running),
+            )
+        if cancelled:
+            _log.debug("LeaseKeeper stopped: %d queued renewal(s) cancelled", cancelled)
         with self._cond:
             self._held.clear()
             self._buckets.clear()
             self._keys.clear()
+            self._lanes.clear()
             self.stats.held = 0
 
     close = stop
@@ -223,26 +331,28 @@ class LeaseKeeper:
             InvalidLeaseDuration: ``duration`` is out of the backend's range.
         """
         for lease in leases:
+            if not isinstance(lease, Lease):
+                raise errors.InvalidArgument(f"expected a Lease, got {type(lease).__name__}")
             if lease.state is not LeaseState.HELD:
                 raise errors.LeaseStateError(
                     f"cannot keep message {lease.message.id!r}: the lease is already "
                     f"{lease.state.value}"
                 )
         lifetime = self.max_lifetime if max_lifetime is None else max_lifetime
-        if lifetime is not None and lifetime <= 0:
+        if lifetime is not None and (not _number(lifetime) or not lifetime > 0):
             raise errors.InvalidArgument(f"max_lifetime must be > 0, got {lifetime!r}")
         checked: dict[int, float] = {}  # one duration check per queue
         if duration is not None:
             for lease in leases:
                 if id(lease.queue) not in checked:
-                    checked[id(lease.queue)] = lease.queue._check_duration(duration)
+                    checked[id(lease.queue)] = lease.queue.check_duration(duration)
         self.start()
         now = time.monotonic()
         release_at = None if lifetime is None else now + lifetime
         entries = []
         for lease in leases:
             held = _Held(lease, checked.get(id(lease.queue)), release_at)
-            held.due = self._due(lease, now)
+            held.due = self._first_due(lease)
             entries.append(held)
         with self._cond:
             if self._state != "running":
@@ -291,7 +401,7 @@ class LeaseKeeper:
 
     # ------------------------------------------------------------- scheduling
 
-    def _due(self, lease: Lease, now: float) -> float:
+    def _first_due(self, lease: Lease) -> float:
         """Monotonic time of a newly added lease's first renewal.
 
         The first renewal point is spread up to ``JITTER`` of the lease earlier
@@ -299,9 +409,8 @@ class LeaseKeeper:
         forever; later renewals move each batch as a whole (see ``_renew``), so
         leases renewed together stay together and share a batch call.
         """
-        remaining = lease.expires_at.timestamp() - time.time()
         jitter = random.random() * JITTER * lease.duration
-        return now + remaining - self._lead(lease.duration) - jitter
+        return _deadline(lease) - self._lead(lease.duration) - jitter
 
     def _lead(self, duration: float) -> float:
         """How long before expiry to renew a lease of ``duration`` seconds."""
@@ -309,25 +418,35 @@ class LeaseKeeper:
         return min(lead, duration * 0.5)  # short leases: renew at half-time at the latest
 
     def _push(self, held: _Held) -> None:
-        """File ``held`` in the bucket of its due time (rounded down: at most TICK early)."""
+        """File ``held`` at its due time (rounded down: at most TICK early); call with the lock."""
+        held.generation += 1
         key = int(held.due / TICK)
         bucket = self._buckets.get(key)
         if bucket is not None:
-            bucket.append(held)
+            bucket.append((held, held.generation))
             return
-        self._buckets[key] = [held]
+        self._buckets[key] = [(held, held.generation)]
         heapq.heappush(self._keys, key)
         if self._keys[0] == key:
             self._cond.notify()
 
     def _run(self) -> None:
+        """The scheduler thread: wake at the earliest due entry, renew or expire it."""
         while True:
             with self._cond:
                 batch = self._take_due()
                 if batch is None:
                     return
-            if batch:
-                self._dispatch(batch)
+                renew, expiring = self._sort_due(batch)
+            for held in expiring:
+                reason = (
+                    "the renewal kept failing until the lease expired" if held.failures else None
+                )
+                error = held.lease.expire(reason)
+                if error is not None:
+                    self._report_lost(held, error)
+            if renew:
+                self._dispatch(renew)
 
     def _take_due(self) -> list[_Held] | None:
         """Wait until something is due (or stop); return the due entries, ``None`` to stop."""
@@ -338,41 +457,80 @@ class LeaseKeeper:
             if keys and keys[0] <= limit:
                 due: list[_Held] = []
                 while keys and keys[0] <= limit:
-                    due.extend(self._buckets.pop(heapq.heappop(keys)))
-                return [held for held in due if held.active]
+                    for held, generation in self._buckets.pop(heapq.heappop(keys)):
+                        if held.active and held.generation == generation:
+                            due.append(held)
+                return due
             timeout = keys[0] * TICK - COALESCE - now if keys else None
             self._cond.wait(timeout)
         return None
 
+    def _sort_due(self, due: list[_Held]) -> tuple[list[_Held], list[_Held]]:
+        """Split due entries (lock held): to renew, and those whose time is up.
+
+        An entry with a renewal in flight is only its deadline's watchdog: when
+        the lease's time is up it is marked lost (by the caller, without the
+        lock), else it is looked at again then.
+        """
+        now = time.monotonic()
+        renew: list[_Held] = []
+        expiring: list[_Held] = []
+        for held in due:
+            lease = held.lease
+            if lease.state is not LeaseState.HELD:
+                self._forget(held)  # settled, or found lost by its holder
+                continue
+            deadline = _deadline(lease)
+            if now >= deadline:
+                expiring.append(held)
+                continue
+            if held.in_flight:
+                held.due = deadline  # the watchdog: look again when its time is up
+                self._push(held)
+                continue
+            renew.append(held)
+        return renew, expiring
+
     def _dispatch(self, due: list[_Held]) -> None:
+        """Group due leases by queue and duration; hand each batch to its queue's lane."""
         groups: dict[tuple[int, float], list[_Held]] = {}
         now = time.monotonic()
-        lateness = self.stats.lateness
         for held in due:
             if held.release_at is not None and now >= held.release_at:
                 self._release(held)
                 continue
-            seconds = held.duration if held.duration is not None else held.lease.duration
-            caps = held.lease.queue.capabilities
+            lease = held.lease
+            seconds = held.duration if held.duration is not None else lease.duration
+            caps = lease.queue.capabilities
             if caps.max_total_lease is not None:
                 # Never ask for more than the backend's total cap since receive (SQS: 12 h).
-                allowance = caps.max_total_lease - (now - held.lease.received_at) - 1.0
+                allowance = caps.max_total_lease - (now - lease.received_at) - 1.0
                 allowance = int(allowance / caps.lease_resolution) * caps.lease_resolution
                 if allowance < caps.min_lease:
                     self._release(held)
                     continue
                 seconds = min(seconds, allowance)
-            groups.setdefault((id(held.lease.queue), seconds), []).append(held)
+            groups.setdefault((id(lease.queue), seconds), []).append(held)
+        lateness = self.stats.lateness
         if len(lateness) > 200_000:
             del lateness[:100_000]
-        assert self._pool is not None
-        for (_, seconds), group in groups.items():
-            size = max(1, group[0].lease.queue.capabilities.max_renew_batch)
-            for start in range(0, len(group), size):
-                try:
-                    self._pool.submit(self._renew, group[start : start + size], seconds)
-                except RuntimeError:  # the pool is shutting down
-                    return
+        with self._cond:
+            if self._state != "running":
+                return
+            for (queue_id, seconds), group in groups.items():
+                queue = group[0].lease.queue
+                lane = self._lanes.get(queue_id)
+                if lane is None:
+                    lane = self._lanes[queue_id] = _Lane(queue.name, self._workers)
+                size = max(1, queue.capabilities.max_renew_batch)
+                for start in range(0, len(group), size):
+                    batch = group[start : start + size]
+                    for held in batch:
+                        held.in_flight = True
+                        held.planned = held.due
+                        held.due = _deadline(held.lease)  # the watchdog
+                        self._push(held)
+                    lane.submit(partial(self._renew, batch, seconds))
 
     def _release(self, held: _Held) -> None:
         """Stop renewing (max lifetime or the backend's total cap reached).
@@ -392,27 +550,31 @@ class LeaseKeeper:
         )
 
     def _renew(self, group: list[_Held], seconds: float) -> None:
+        """A lane's job: renew one batch, then reschedule, retry or report each lease."""
         started = time.monotonic()
         # Lateness is measured when the renewal call starts, queueing included.
-        self.stats.lateness.extend([max(0.0, started - held.due) for held in group])
+        self.stats.lateness.extend([max(0.0, started - held.planned) for held in group])
         leases = [held.lease for held in group]
         queue: Queue = leases[0].queue
+        results: list[errors.LeaseError | errors.LeaseStateError | None]
         try:
-            results = queue._renew_many(leases, seconds)
+            results = queue.renew_many(leases, seconds)
         except Exception as exc:  # e.g. the queue was closed under us
-            results = [
-                exc if isinstance(exc, errors.LeaseError) else errors.BackendError(str(exc))
-            ] * len(leases)
+            error = exc if isinstance(exc, errors.LeaseError) else errors.BackendError(str(exc))
+            results = [error] * len(leases)
         self.stats.renew_calls += 1
         now = time.monotonic()
         # One random offset for the whole batch: its leases stay together (one call
         # next time too) while batches drift apart, so a burst of leases spreads out.
         lead = self._lead(seconds) + random.random() * JITTER * seconds
+        lost: list[tuple[_Held, errors.LeaseLost]] = []
         with self._cond:
             for held, result in zip(group, results, strict=True):
+                held.in_flight = False
                 if isinstance(result, errors.LeaseLost):
                     if held.active:  # report it even while stopping
-                        self._lost(held, result)
+                        lost.append((held, result))
+                        self._forget(held)
                     continue
                 if not held.active or self._state != "running":
                     continue
@@ -420,56 +582,47 @@ class LeaseKeeper:
                 if result is None:
                     self.stats.renewed += 1
                     held.failures = 0
-                    held.first_failure = None
-                    # The new expiry is at least ``started + seconds``: plan from that
-                    # (no datetime arithmetic on the hot path).
-                    held.due = started + seconds - lead
+                    held.due = _deadline(lease) - lead
                     self._push(held)
-                elif result is False:
-                    if lease.state is LeaseState.HELD:
-                        held.due = now + BUSY_RETRY
-                        self._push(held)
-                    else:
-                        self._forget(held)
-                elif isinstance(result, errors.BackendUnavailable | errors.BackendError):
-                    self._retry(held, result, now)
+                elif isinstance(result, errors.LeaseStateError):
+                    self._forget(held)  # settled by its holder meanwhile
                 else:
-                    assert isinstance(result, errors.LeaseError)
-                    _log.error("renewal of %r refused: %s", lease.message.id, result)
-                    self._lost(held, errors.LeaseLost(f"renewal refused: {result}"))
+                    if not isinstance(result, errors.BackendUnavailable):
+                        _log.warning("renewal of %r failed: %s", lease.message.id, result)
+                    self._retry(held, now)
+        for held, error in lost:
+            self._report_lost(held, error)
 
-    def _retry(self, held: _Held, error: errors.LeaseError, now: float) -> None:
-        """Transient failure: retry with backoff until the physical expiry, then lost."""
+    def _retry(self, held: _Held, now: float) -> None:
+        """A failed renewal (lock held): retry with backoff; at the deadline the lease is lost."""
         self.stats.transient_failures += 1
         held.failures += 1
-        remaining = held.lease.expires_at.timestamp() - time.time()
-        if remaining <= 0:
-            self._lost(
-                held,
-                errors.LeaseLost(
-                    f"renewal kept failing until the lease expired ({error})",
-                    backend_code=error.backend_code,
-                ),
-            )
-            return
         backoff = min(RETRY_MAX, RETRY_START * 2 ** (held.failures - 1))
-        # Retry at the expiry at the latest; a failure then reports the lease lost.
-        held.due = now + max(min(backoff, remaining), 0.01)
+        held.due = min(now + backoff, _deadline(held.lease))
         self._push(held)
 
-    def _lost(self, held: _Held, error: errors.LeaseLost) -> None:
-        self.stats.lost += 1
-        self._forget(held)
-        lease = held.lease
-        lease._mark_lost(error)
+    def _report_lost(self, held: _Held, error: errors.LeaseLost) -> None:
+        """Count a lost lease and tell ``on_lost`` (no lock held)."""
+        with self._cond:
+            self.stats.lost += 1
+            self._forget(held)
         if self.on_lost is not None:
             try:
-                self.on_lost(lease, error)
+                self.on_lost(held.lease, error)
             except Exception:
-                _log.exception("keeper on_lost callback failed for %r", lease)
+                _log.exception("keeper on_lost callback failed for %r", held.lease)
 
     def _forget(self, held: _Held) -> None:
         held.active = False
         if self._held.get(id(held.lease)) is held:
             del self._held[id(held.lease)]
         self.stats.held = len(self._held)
+
+
+def _deadline(lease: Lease) -> float:
+    """The lease's deadline on :func:`time.monotonic` (core's clock)."""
+    return time.monotonic() + lease.time_left
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

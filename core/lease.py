@@ -10,7 +10,8 @@ from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from .errors import LeaseLost, LeaseStateError
+from .errors import LeaseLost
+from .lease_record import LeaseRecord
 from .message import LeaseState, Message
 from .spi import RawMessage
 
@@ -29,11 +30,14 @@ class Lease:
     lost; after that every settling call raises :class:`LeaseStateError` (or
     :class:`LeaseLost` again for a lost lease). All methods are thread-safe: a
     keeper thread may renew while the handler completes, and the handler's
-    call then uses the newest receipt.
+    call then uses the newest receipt. No lock is held across a network call:
+    reading a lease (``receipt``, ``state``, ``lost``) never waits for one.
 
     Used as a context manager, leaving the block without settling abandons the
     lease so the message is redelivered at once.
     """
+
+    __slots__ = ("__weakref__", "_queue", "_raw_message", "_record", "message", "received_at")
 
     def __init__(
         self,
@@ -43,20 +47,17 @@ class Lease:
         expires_at: datetime,
         duration: float,
         raw_message: RawMessage,
+        *,
+        deadline: float | None = None,
     ) -> None:
         self._queue = queue
         self.message = message
-        self._receipt = receipt
-        self._expires_at = expires_at
-        self._duration = duration
         self._raw_message = raw_message
-        self._state = LeaseState.HELD
-        self._lock = threading.RLock()
-        self._lost_error: LeaseLost | None = None
-        self._on_lost: list[Callable[[Lease, LeaseLost], None]] = []
-        self._lost_event: threading.Event | None = None  # made on first use (most never are)
         #: :func:`time.monotonic` when the message was received.
         self.received_at = time.monotonic()
+        if deadline is None:  # no call to measure from: the backend's expiry, by this clock
+            deadline = self.received_at + max(0.0, expires_at.timestamp() - time.time())
+        self._record = LeaseRecord(self, receipt, expires_at, deadline, duration, queue._lease_lost)
 
     # ------------------------------------------------------------- properties
 
@@ -68,43 +69,49 @@ class Lease:
     @property
     def receipt(self) -> str:
         """The newest receipt (it changes on renew where the backend rotates receipts)."""
-        return self._receipt
+        return self._record.receipt
 
     @property
     def expires_at(self) -> datetime:
-        """When the current physical lease ends (UTC)."""
-        return self._expires_at
+        """When the current physical lease ends, as the backend said (UTC)."""
+        return self._record.expires_at
+
+    @property
+    def time_left(self) -> float:
+        """Seconds until the lease ends by leasekit's own clock (negative once it has).
+
+        Measured from the start of the call that set the lease, so it never
+        runs later than the backend's expiry, whatever the clocks say.
+        """
+        return self._record.time_left()
 
     @property
     def duration(self) -> float:
         """The physical lease duration last set, in seconds."""
-        return self._duration
+        return self._record.duration
 
     @property
     def state(self) -> LeaseState:
         """The lease's state."""
-        return self._state
+        return self._record.state
 
     @property
     def lost(self) -> threading.Event:
-        """Set when the lease is found lost (by a settle or a renew, e.g. the keeper's).
+        """Set when the lease is found lost (by a settle or a renew, or by the keeper at expiry).
 
         Wait on it (``lease.lost.wait(timeout)``) or poll it (``lease.lost.is_set()``).
         """
-        event = self._lost_event
-        if event is None:
-            with self._lock:
-                if self._lost_event is None:
-                    self._lost_event = threading.Event()
-                    if self._state is LeaseState.LOST:
-                        self._lost_event.set()
-                event = self._lost_event
-        return event
+        return self._record.lost_event()
 
     @property
     def raw(self) -> Any:
         """The SDK's own message object (the escape hatch; backend-specific)."""
         return self._raw_message.raw
+
+    @property
+    def raw_message(self) -> RawMessage:
+        """The message as the driver returned it (for core and vendors)."""
+        return self._raw_message
 
     @property
     def can_abandon_with_delay(self) -> bool:
@@ -113,9 +120,9 @@ class Lease:
 
     def __repr__(self) -> str:
         return (
-            f"<Lease id={self.message.id!r} state={self._state.value} "
+            f"<Lease id={self.message.id!r} state={self.state.value} "
             f"delivery_count={self.message.delivery_count} "
-            f"expires_at={self._expires_at.isoformat()}>"
+            f"expires_at={self.expires_at.isoformat()}>"
         )
 
     # ---------------------------------------------------------------- actions
@@ -133,14 +140,7 @@ class Lease:
             LeaseLost: the receipt is stale; the lease is marked lost.
             LeaseStateError: the lease was already settled.
         """
-        with self._lock:
-            self._require_held("renew")
-            seconds = self._queue._physical_duration(duration, self)
-            visibility = self._queue._change_visibility(self, seconds)
-            self._receipt = visibility.receipt
-            self._expires_at = visibility.visible_until
-            self._duration = seconds
-        self._queue._emit("leasekit_lease_renewed", lease=self)
+        _raise_first(self._queue.renew_many([self], duration))
 
     def complete(self) -> None:
         """Delete the message: it is never delivered again.
@@ -149,11 +149,7 @@ class Lease:
             LeaseLost: the receipt is stale; the message may be someone else's now.
             LeaseStateError: the lease was already settled.
         """
-        with self._lock:
-            self._require_held("complete")
-            self._queue._delete(self)
-            self._state = LeaseState.COMPLETED
-        self._queue._emit("leasekit_lease_completed", lease=self)
+        _raise_first(self._queue.complete_many([self]))
 
     def abandon(self, delay: float = 0) -> None:
         """Give the message back: visible again now, or after ``delay`` seconds.
@@ -167,12 +163,7 @@ class Lease:
             LeaseLost: the receipt is stale.
             LeaseStateError: the lease was already settled.
         """
-        with self._lock:
-            self._require_held("abandon")
-            seconds = self._queue._abandon_delay(delay)
-            self._queue._abandon(self, seconds)
-            self._state = LeaseState.ABANDONED
-        self._queue._emit("leasekit_lease_abandoned", lease=self, delay=seconds)
+        _raise_first(self._queue.abandon_many([self], delay=delay))
 
     def dead_letter(self, reason: str) -> None:
         """Move the message to the dead-letter place with ``reason``; it is not redelivered.
@@ -182,61 +173,33 @@ class Lease:
             LeaseLost: the receipt is stale.
             LeaseStateError: the lease was already settled.
         """
-        with self._lock:
-            self._require_held("dead_letter")
-            self._queue._dead_letter(self, self._queue._check_reason(reason))
-            self._state = LeaseState.DEAD_LETTERED
-        self._queue._emit("leasekit_lease_dead_lettered", lease=self, reason=reason)
+        self._queue.dead_letter(self, reason)
+
+    @property
+    def lost_error(self) -> LeaseLost | None:
+        """The error that marked the lease lost, or ``None`` while it is not lost."""
+        return self._record.lost_error
+
+    def expire(self, reason: str | None = None) -> LeaseLost | None:
+        """Mark the lease lost if its time is up by leasekit's clock (:attr:`time_left`).
+
+        The keeper calls this at each kept lease's deadline, whether or not a
+        renewal call is still in flight; a holder without a keeper may call it
+        too. Returns the error if this call marked the lease lost.
+        """
+        return self._record.expire(reason=reason)
 
     def check(self) -> None:
         """Raise :class:`LeaseLost` if the lease was found lost; a handler may call it often."""
-        if self._lost_error is not None:
-            raise LeaseLost(str(self._lost_error), backend_code=self._lost_error.backend_code)
+        lost = self._record.lost_error
+        if lost is not None:
+            raise LeaseLost(str(lost), backend_code=lost.backend_code)
 
     def on_lost(self, callback: Callable[[Lease, LeaseLost], None]) -> None:
         """Call ``callback(lease, error)`` when the lease is found lost (at once if it is)."""
-        with self._lock:
-            if self._lost_error is None:
-                self._on_lost.append(callback)
-                return
-            error = self._lost_error
-        callback(self, error)
-
-    # --------------------------------------------------------------- internal
-
-    def _require_held(self, action: str) -> None:
-        if self._state is LeaseState.HELD:
-            return
-        if self._state is LeaseState.LOST:
-            assert self._lost_error is not None
-            raise LeaseLost(
-                f"cannot {action} message {self.message.id!r}: the lease was lost earlier "
-                f"({self._lost_error})",
-                backend_code=self._lost_error.backend_code,
-            )
-        raise LeaseStateError(
-            f"cannot {action} message {self.message.id!r}: the lease is already "
-            f"{self._state.value}. Each lease is settled once; lease the message again "
-            "to work on it."
-        )
-
-    def _mark_lost(self, error: LeaseLost) -> None:
-        """Record that the lease is lost; fire the event and callbacks once."""
-        with self._lock:
-            if self._state is not LeaseState.HELD:
-                return
-            self._state = LeaseState.LOST
-            self._lost_error = error
-            callbacks, self._on_lost = self._on_lost, []
-            event = self._lost_event
-        if event is not None:
-            event.set()  # else: made already set when first asked for
-        for callback in callbacks:
-            try:
-                callback(self, error)
-            except Exception:
-                self._queue._log.exception("on_lost callback failed for %r", self)
-        self._queue._emit("leasekit_lease_lost", lease=self, error=error)
+        error = self._record.on_lost(callback)
+        if error is not None:
+            callback(self, error)
 
     # -------------------------------------------------------- context manager
 
@@ -249,6 +212,13 @@ class Lease:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._state is LeaseState.HELD:
+        if self.state is LeaseState.HELD:
             with contextlib.suppress(LeaseLost):
                 self.abandon()
+
+
+def _raise_first(results: list[Any]) -> None:
+    """Raise the error of a batch of one, if it has one."""
+    error = results[0]
+    if isinstance(error, BaseException):
+        raise error

@@ -14,13 +14,21 @@ from typing import Any, TypeVar
 
 from . import errors
 from .capabilities import Capabilities
+from .deadline import deadline
 from .error_mapping import wrap_error
 from .lease import Lease
+from .lease_record import RENEW, SETTLE
 from .message import LeaseState, Message
 from .retry import RetryPolicy
 from .spi import DeadLetter, Driver, OutgoingMessage, QueueStats, RawMessage, Visibility
 
-__all__ = ["MAX_LEASE_BATCH", "POISON_SUFFIX", "Queue"]
+__all__ = [
+    "DEFAULT_CALL_TIMEOUT",
+    "MAX_LEASE_BATCH",
+    "MIN_SETTLE_TIMEOUT",
+    "POISON_SUFFIX",
+    "Queue",
+]
 
 T = TypeVar("T")
 
@@ -37,8 +45,20 @@ POLL_START = 0.005
 POLL_MAX = 0.1
 #: Longest reason kept on a dead-lettered message (Service Bus allows 4096).
 MAX_REASON = 4096
+#: Longest one backend call may take, retries included, when nothing tighter
+#: bounds it (a send, an admin call; a receive gets this beyond its long poll).
+#: Shorter fails faster on a dead network; longer rides out a slow service.
+DEFAULT_CALL_TIMEOUT = 10.0
+#: Least time a settle call gets even when the lease's time is (nearly) up: a
+#: receipt past its expiry may still be honoured, and settling late harms nobody.
+MIN_SETTLE_TIMEOUT = 1.0
 
 _log = logging.getLogger("leasekit")
+
+
+def _one(call: Callable[[], Visibility]) -> list[Visibility | BaseException]:
+    """A single-receipt call's result as a batch of one."""
+    return [call()]
 
 
 def _number(value: object) -> bool:
@@ -54,6 +74,10 @@ class Queue:
         lease_duration: the physical lease used when a call gives none.
         retry: backoff for errors the driver calls retryable.
         hooks: the plugin hook relay for lease events (the default registry's).
+        call_timeout: the longest one backend call may take, retries included,
+            when nothing tighter bounds it (default ``DEFAULT_CALL_TIMEOUT``). A
+            renewal never outlives the lease it renews, a settle is bounded by
+            the lease's time left, and a receive gets this beyond its long poll.
 
     A queue is thread-safe and a context manager; :meth:`close` releases the
     backend's connections.
@@ -66,9 +90,15 @@ class Queue:
         lease_duration: float | None = None,
         retry: RetryPolicy | None = None,
         hooks: Any = None,
+        call_timeout: float | None = None,
     ) -> None:
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise errors.InvalidArgument(f"retry must be a leasekit.RetryPolicy, got {retry!r}")
         self._driver = driver
         self._retry = retry or RetryPolicy()
+        self._call_timeout = self._check_timeout(call_timeout, "call_timeout") or (
+            DEFAULT_CALL_TIMEOUT
+        )
         self._hooks = hooks
         self._closed = False
         self._poison: Driver | None = None
@@ -102,6 +132,11 @@ class Queue:
         """The physical lease used when a call gives none."""
         return self._default_duration
 
+    @property
+    def call_timeout(self) -> float:
+        """The longest one backend call may take when nothing tighter bounds it."""
+        return self._call_timeout
+
     def __repr__(self) -> str:
         return f"<Queue {self._driver.scheme}:{self.name}>"
 
@@ -132,7 +167,8 @@ class Queue:
         """
         outgoing = self._outgoing(body, delay, ttl, properties)
         self._require_open()
-        return self._call("send", lambda: self._driver.send(outgoing))
+        with deadline(self._call_timeout):
+            return self._call("send", lambda: self._driver.send(outgoing))
 
     def send_many(
         self,
@@ -153,10 +189,11 @@ class Queue:
         size = self.capabilities.max_send_batch
         for start in range(0, len(outgoing), size):
             chunk = outgoing[start : start + size]
-            if len(chunk) == 1:
-                ids.append(self._call("send", partial(self._driver.send, chunk[0])))
-                continue
-            results = self._call("send", partial(self._driver.send_batch, chunk))
+            with deadline(self._call_timeout):
+                if len(chunk) == 1:
+                    ids.append(self._call("send", partial(self._driver.send, chunk[0])))
+                    continue
+                results = self._call("send", partial(self._driver.send_batch, chunk))
             for result in results:
                 if isinstance(result, BaseException):
                     raise wrap_error(self._driver, result, "send") from result
@@ -196,23 +233,27 @@ class Queue:
         wait = self._check_wait(wait)
         self._require_open()
         caps = self.capabilities
-        deadline = time.monotonic() + wait
+        until = time.monotonic() + wait
         leases: list[Lease] = []
         poll = POLL_START
         while True:
             want = min(max_messages - len(leases), caps.max_receive_batch)
-            remaining = max(0.0, deadline - time.monotonic())
+            remaining = max(0.0, until - time.monotonic())
             call_wait = 0.0 if leases else min(remaining, caps.max_wait)
-            batch = self._call("receive", partial(self._driver.receive, want, seconds, call_wait))
-            leases.extend(self._leases_from(batch, seconds))
+            started = time.monotonic()
+            with deadline(call_wait + self._call_timeout):
+                batch = self._call(
+                    "receive", partial(self._driver.receive, want, seconds, call_wait)
+                )
+                leases.extend(self._leases_from(batch, seconds, started))
             if len(leases) >= max_messages:
                 break
             if batch and len(batch) >= want:
                 continue
-            if leases or time.monotonic() >= deadline:
+            if leases or time.monotonic() >= until:
                 break
             if caps.max_wait <= 0 or call_wait <= 0:
-                time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
+                time.sleep(min(poll, max(0.0, until - time.monotonic())))
                 poll = min(poll * 2, POLL_MAX)
         for lease in leases:
             self._emit("leasekit_lease_acquired", lease=lease)
@@ -240,13 +281,13 @@ class Queue:
     def _lease_one(self, duration: float | None, wait: float | None) -> Lease:
         if wait is not None:
             self._check_wait(wait)
-        deadline = None if wait is None else time.monotonic() + wait
+        until = None if wait is None else time.monotonic() + wait
         while True:
-            step = 20.0 if deadline is None else max(0.0, deadline - time.monotonic())
+            step = 20.0 if until is None else max(0.0, until - time.monotonic())
             leases = self.lease(1, duration=duration, wait=step)
             if leases:
                 return leases[0]
-            if deadline is not None and time.monotonic() >= deadline:
+            if until is not None and time.monotonic() >= until:
                 raise errors.QueueEmpty(f"no message on {self.name!r} within {wait} s")
 
     # ----------------------------------------------------------------- admin
@@ -260,7 +301,8 @@ class Queue:
         self._require_open()
         if not self.capabilities.queue_stats:
             raise errors.UnsupportedOperation(f"{self._driver.scheme} cannot report queue stats")
-        return self._call("stats", self._driver.stats)
+        with deadline(self._call_timeout):
+            return self._call("stats", self._driver.stats)
 
     def peek_dead_letters(self, limit: int = 10) -> list[DeadLetter]:
         """Read up to ``limit`` dead-lettered messages without removing them.
@@ -275,27 +317,31 @@ class Queue:
             raise errors.UnsupportedOperation(
                 f"{self._driver.scheme} cannot read dead-lettered messages back"
             )
-        if self.capabilities.native_dead_letter:
-            return self._call("read dead letters", lambda: self._driver.dead_letters(limit))
-        poison = self._poison_driver()
-        return self._call("read dead letters", lambda: poison.dead_letters(limit))
+        with deadline(self._call_timeout):
+            if self.capabilities.native_dead_letter:
+                return self._call("read dead letters", lambda: self._driver.dead_letters(limit))
+            poison = self._poison_driver()
+            return self._call("read dead letters", lambda: poison.dead_letters(limit))
 
     def create(self) -> None:
         """Create the queue if it does not exist."""
         self._require_open()
-        self._call("create queue", self._driver.create_queue)
+        with deadline(self._call_timeout):
+            self._call("create queue", self._driver.create_queue)
 
     def delete(self) -> None:
         """Delete the queue and every message in it (and its poison queue, if core made one)."""
         self._require_open()
-        self._call("delete queue", self._driver.delete_queue)
+        with deadline(self._call_timeout):
+            self._call("delete queue", self._driver.delete_queue)
         if not self.capabilities.native_dead_letter:
             try:
                 poison = self._poison_driver(create=False)
             except errors.UnsupportedOperation:
                 return
             try:
-                self._call("delete poison queue", poison.delete_queue)
+                with deadline(self._call_timeout):
+                    self._call("delete poison queue", poison.delete_queue)
             finally:
                 if poison is not self._poison:
                     poison.close()
@@ -322,216 +368,450 @@ class Queue:
     ) -> None:
         self.close()
 
-    # ------------------------------------------------- calls leases make here
+    # ------------------------------------------------------- lease operations
 
-    def _change_visibility(self, lease: Lease, seconds: float) -> Visibility:
-        self._require_open()
-        try:
-            return self._call(
-                "renew", lambda: self._driver.change_visibility(lease.receipt, seconds)
-            )
-        except errors.LeaseLost as exc:
-            lease._mark_lost(exc)
-            raise
+    def renew_many(
+        self,
+        leases: Sequence[Lease],
+        duration: float | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> list[errors.LeaseError | errors.LeaseStateError | None]:
+        """Renew several held leases, in as few backend calls as the backend allows.
 
-    def _delete(self, lease: Lease) -> None:
-        self._require_open()
-        try:
-            self._call("complete", lambda: self._driver.delete(lease.receipt))
-        except errors.LeaseLost as exc:
-            lease._mark_lost(exc)
-            raise
+        Parameters:
+            leases: leases of this queue.
+            duration: the new physical lease for each; each lease's last one if ``None``.
+            timeout: the longest the whole call may take (default: the least time
+                left on the leases, at most the queue's ``call_timeout``); a renewal
+                never outlives the lease it renews.
 
-    def _abandon(self, lease: Lease, delay: float) -> None:
-        self._require_open()
-        try:
-            self._call("abandon", lambda: self._driver.abandon(lease.receipt, delay))
-        except errors.LeaseLost as exc:
-            lease._mark_lost(exc)
-            raise
+        Returns:
+            One result per lease, in order: ``None`` when renewed; a
+            :class:`LeaseLost` (the lease is marked lost) or another leasekit error;
+            a :class:`LeaseStateError` for a lease already settled, or an
+            :class:`InvalidLeaseDuration` for one that would pass the backend's
+            total cap. Nothing is raised for one bad lease.
 
-    def _dead_letter(self, lease: Lease, reason: str) -> None:
+        Raises:
+            InvalidArgument: a lease of another queue, or a bad ``timeout`` (nothing is renewed).
+            InvalidLeaseDuration: ``duration`` is out of the backend's range (no call made).
+        """
+        self._check_own(leases)
+        checked = None if duration is None else self._check_duration(duration)
+        limit = self._check_timeout(timeout)
         self._require_open()
-        try:
-            if self.capabilities.native_dead_letter:
-                raw = lease._raw_message
-                self._call(
-                    "dead-letter", lambda: self._driver.dead_letter(lease.receipt, reason, raw)
-                )
-                return
-            # No native store: copy to <queue>-poison first, then delete, so a
-            # failure in between leaves a duplicate, never a lost message.
-            poison = self._poison_driver()
-            message = lease.message
-            properties = dict(message.properties) if self.capabilities.supports_properties else {}
-            copy = OutgoingMessage(
-                body=message.body,
-                properties={
-                    **properties,
-                    "leasekit-dead-letter-reason": reason,
-                    "leasekit-original-id": message.id,
-                    "leasekit-delivery-count": str(message.delivery_count),
-                },
-            )
+        results: list[errors.LeaseError | errors.LeaseStateError | None] = [None] * len(leases)
+        seconds: list[float] = []
+        for i, lease in enumerate(leases):
             try:
-                self._call("dead-letter (send to poison queue)", lambda: poison.send(copy))
-            except errors.MessageTooLarge:
-                # A body near the maximum has no room for the reason properties: keep
-                # the message (its own properties only) rather than let it loop forever.
-                self._log.warning(
-                    "dead-lettering %r without its reason properties (no room): %s",
-                    message.id,
-                    reason,
-                )
-                bare = OutgoingMessage(body=message.body, properties=properties)
-                self._call("dead-letter (send to poison queue)", lambda: poison.send(bare))
-            self._call("dead-letter (delete original)", lambda: self._driver.delete(lease.receipt))
-        except errors.LeaseLost as exc:
-            lease._mark_lost(exc)
-            raise
+                seconds.append(self._physical_duration(checked, lease))
+            except errors.InvalidLeaseDuration as exc:
+                results[i] = exc
+                seconds.append(-1.0)
+        wanted = [i for i, s in enumerate(seconds) if s >= 0]
+        renewed = self._renew([leases[i] for i in wanted], [seconds[i] for i in wanted], limit)
+        for i, result in zip(wanted, renewed, strict=True):
+            results[i] = result
+        return results
 
     def complete_many(
-        self, leases: Sequence[Lease]
+        self, leases: Sequence[Lease], *, timeout: float | None = None
     ) -> list[errors.LeaseError | errors.LeaseStateError | None]:
         """Complete several leases in as few backend calls as the backend allows.
 
         Parameters:
             leases: leases of this queue.
+            timeout: the longest the whole call may take (default: the least time
+                left on the leases, at least ``MIN_SETTLE_TIMEOUT``, at most the
+                queue's ``call_timeout``).
 
         Returns:
             One result per lease, in order: ``None`` when completed; a
             :class:`LeaseLost` (the lease is marked lost) or another leasekit
-            error from the backend; a :class:`LeaseStateError` for a lease that
-            was already settled. Nothing is raised for one bad lease.
+            error from the backend (the lease stays held: a transient failure may
+            be retried); a :class:`LeaseStateError` for a lease that was already
+            settled. Nothing is raised for one bad lease.
 
         Raises:
             InvalidArgument: a lease of another queue (nothing is completed).
         """
+        self._check_own(leases)
+        limit = self._check_timeout(timeout)
+        self._require_open()
+        size = self.capabilities.max_delete_batch
+
+        def delete(receipts: list[str]) -> list[BaseException | None]:
+            if len(receipts) == 1:
+                self._driver.delete(receipts[0])
+                return [None]
+            return list(self._driver.delete_batch(receipts))
+
+        return self._settle(
+            leases,
+            "complete",
+            LeaseState.COMPLETED,
+            size,
+            delete,
+            limit,
+            "leasekit_lease_completed",
+        )
+
+    def abandon_many(
+        self, leases: Sequence[Lease], delay: float = 0, *, timeout: float | None = None
+    ) -> list[errors.LeaseError | errors.LeaseStateError | None]:
+        """Give several leases back: visible again now, or after ``delay`` seconds.
+
+        Parameters:
+            leases: leases of this queue.
+            delay: seconds before the messages are visible again (at least the
+                backend's ``min_abandon_delay``).
+            timeout: the longest the whole call may take (see :meth:`complete_many`).
+
+        Returns:
+            One result per lease, as :meth:`complete_many` gives.
+
+        Raises:
+            InvalidArgument: a bad delay or timeout, or a lease of another queue (no call made).
+            UnsupportedOperation: a delay on a backend that cannot delay.
+        """
+        self._check_own(leases)
+        seconds = self._abandon_delay(delay)
+        limit = self._check_timeout(timeout)
+        self._require_open()
+
+        def abandon(receipts: list[str]) -> list[BaseException | None]:
+            self._driver.abandon(receipts[0], seconds)
+            return [None]
+
+        return self._settle(
+            leases,
+            "abandon",
+            LeaseState.ABANDONED,
+            1,
+            abandon,
+            limit,
+            "leasekit_lease_abandoned",
+            delay=seconds,
+        )
+
+    def dead_letter(self, lease: Lease, reason: str, *, timeout: float | None = None) -> None:
+        """Move a leased message to the dead-letter place with ``reason``.
+
+        Without a native dead-letter store the message is copied to
+        ``<queue>-poison`` first and deleted after, so a failure in between
+        leaves a duplicate, never a lost message.
+
+        Raises:
+            InvalidArgument: an empty or non-string reason, or a lease of another queue.
+            LeaseLost: the receipt is stale (the lease is marked lost).
+            LeaseStateError: the lease was already settled.
+        """
+        self._check_own([lease])
+        reason = self._check_reason(reason)
+        limit = self._check_timeout(timeout)
+        self._require_open()
+        record = lease._record
+        taken = record.take(SETTLE, "dead_letter", lease.message.id)
+        if isinstance(taken, BaseException):
+            raise taken
+        try:
+            with deadline(self._lease_timeout([lease], limit, settle=True)):
+                self._dead_letter_call(lease, taken, reason)
+        except errors.LeaseError as exc:
+            record.failed(exc)
+            raise
+        except BaseException:
+            record.release()
+            raise
+        record.settled(LeaseState.DEAD_LETTERED)
+        self._emit("leasekit_lease_dead_lettered", lease=lease, reason=reason)
+
+    def _dead_letter_call(self, lease: Lease, receipt: str, reason: str) -> None:
+        if self.capabilities.native_dead_letter:
+            raw = lease.raw_message
+            self._call("dead-letter", lambda: self._driver.dead_letter(receipt, reason, raw))
+            return
+        # No native store: copy to <queue>-poison first, then delete, so a
+        # failure in between leaves a duplicate, never a lost message.
+        poison = self._poison_driver()
+        message = lease.message
+        properties = dict(message.properties) if self.capabilities.supports_properties else {}
+        copy = OutgoingMessage(
+            body=message.body,
+            properties={
+                **properties,
+                "leasekit-dead-letter-reason": reason,
+                "leasekit-original-id": message.id,
+                "leasekit-delivery-count": str(message.delivery_count),
+            },
+        )
+        try:
+            self._call("dead-letter (send to poison queue)", lambda: poison.send(copy))
+        except errors.MessageTooLarge:
+            # A body near the maximum has no room for the reason properties: keep
+            # the message (its own properties only) rather than let it loop forever.
+            self._log.warning(
+                "dead-lettering %r without its reason properties (no room): %s",
+                message.id,
+                reason,
+            )
+            bare = OutgoingMessage(body=message.body, properties=properties)
+            self._call("dead-letter (send to poison queue)", lambda: poison.send(bare))
+        self._call("dead-letter (delete original)", lambda: self._driver.delete(receipt))
+
+    # ------------------------------------------------- the batch machinery
+
+    def _take(
+        self, leases: Sequence[Lease], operation: str, action: str, results: list[Any]
+    ) -> list[tuple[int, Lease, str]]:
+        """Take each lease for ``operation``; the errors of those that cannot go to ``results``.
+
+        A lease busy with another operation is waited for, at most until its
+        time is up. Takes go in a fixed order (by ``id``), so two callers taking
+        overlapping lists cannot wait for each other. A lease given twice is
+        taken once; its later positions get the first one's result.
+        """
+        order = sorted(range(len(leases)), key=lambda i: id(leases[i]))
+        taken: list[tuple[int, Lease, str]] = []
+        seen: dict[int, int] = {}
+        for i in order:
+            lease = leases[i]
+            first = seen.setdefault(id(lease), i)
+            if first != i:
+                continue
+            outcome = lease._record.take(operation, action, lease.message.id)
+            if isinstance(outcome, str):
+                taken.append((i, lease, outcome))
+            else:
+                results[i] = outcome
+        taken.sort(key=lambda item: item[0])
+        return taken
+
+    @staticmethod
+    def _fill_duplicates(leases: Sequence[Lease], results: list[Any]) -> None:
+        """Give each repeated lease the result of its first position (if any is repeated)."""
+        if len({id(lease) for lease in leases}) == len(leases):
+            return
+        first: dict[int, int] = {}
+        for i, lease in enumerate(leases):
+            j = first.setdefault(id(lease), i)
+            if j != i:
+                results[i] = results[j]
+
+    def _settle(
+        self,
+        leases: Sequence[Lease],
+        action: str,
+        state: LeaseState,
+        size: int,
+        call: Callable[[list[str]], list[BaseException | None]],
+        limit: float | None,
+        hook: str,
+        **hook_kwargs: Any,
+    ) -> list[errors.LeaseError | errors.LeaseStateError | None]:
+        """Settle held leases in backend-sized batches; one result each (see complete_many)."""
+        results: list[Any] = [None] * len(leases)
+        taken = self._take(leases, SETTLE, action, results)
+        chunks = [taken[start : start + size] for start in range(0, len(taken), size)]
+        done: list[Lease] = []
+        try:
+            for position, chunk in enumerate(chunks):
+                receipts = [receipt for _, _, receipt in chunk]
+                timeout = self._lease_timeout([lz for _, lz, _ in chunk], limit, settle=True)
+                outcome = self._batch_call(
+                    action, partial(call, receipts), timeout, chunks, position
+                )
+                for (i, lease, _), result in zip(chunk, outcome, strict=True):
+                    if result is None:
+                        lease._record.settled(state)
+                        done.append(lease)
+                        continue
+                    error = self._lease_error(result, action)
+                    lease._record.failed(error)
+                    results[i] = error
+        finally:
+            if done and self._has_observers(hook):
+                for lease in done:
+                    self._emit(hook, lease=lease, **hook_kwargs)
+        self._fill_duplicates(leases, results)
+        return results
+
+    def _batch_call(
+        self,
+        action: str,
+        fn: Callable[[], list[T]],
+        timeout: float,
+        chunks: list[list[tuple[int, Lease, str]]],
+        position: int,
+        *,
+        raise_whole: bool = True,
+    ) -> list[T | BaseException]:
+        """One backend call for ``chunks[position]``, under ``timeout``.
+
+        A call that fails as a whole (the queue is gone, the backend is out of
+        reach) raises its leasekit error, after the leases of this chunk are
+        given back as failed and those of later chunks unchanged; without
+        ``raise_whole`` the error is each lease's result instead, and the next
+        chunk is tried. A single receipt refused as stale is that lease's own
+        result, not the call's.
+        """
+        chunk = chunks[position]
+        try:
+            with deadline(timeout):
+                return list(self._call(action, fn))
+        except errors.LeaseError as exc:
+            if not raise_whole or (len(chunk) == 1 and isinstance(exc, errors.LeaseLost)):
+                return [exc] * len(chunk)
+            for _, lease, _ in chunk:
+                lease._record.failed(exc)
+            self._release_chunks(chunks[position + 1 :])
+            raise
+        except BaseException:
+            self._release_chunks(chunks[position:])
+            raise
+
+    @staticmethod
+    def _release_chunks(chunks: list[list[tuple[int, Lease, str]]]) -> None:
+        for chunk in chunks:
+            for _, lease, _ in chunk:
+                lease._record.release()
+
+    def _renew(
+        self,
+        leases: Sequence[Lease],
+        seconds: Sequence[float],
+        timeout: float | None = None,
+        *,
+        event: bool = True,
+        raise_whole: bool = True,
+    ) -> list[errors.LeaseError | errors.LeaseStateError | None]:
+        """Renew leases for their ``seconds``, batched where the backend can; one result each.
+
+        ``None``: renewed; otherwise the leasekit error for that lease (a
+        :class:`LeaseLost` has marked it lost). A call that fails as a whole
+        raises (see ``_batch_call``).
+
+        A renewal never outlives the lease it renews: its deadline is the least
+        time left on the leases of its batch, and a lease whose time is up is
+        not renewed (where the backend detects stale receipts it is asked anyway,
+        for a receipt it may still honour). On a backend that cannot detect stale
+        receipts, a renewal that returns after the lease ended counts as lost.
+        ``seconds`` must already be validated.
+        """
+        results: list[Any] = [None] * len(leases)
+        taken = self._take(leases, RENEW, "renew", results)
+        caps = self.capabilities
+        late_is_lost = not caps.detects_stale_receipts
+        if late_is_lost:
+            taken = self._drop_expired(taken, results)
+        groups: dict[float, list[tuple[int, Lease, str]]] = {}
+        for item in taken:
+            groups.setdefault(seconds[item[0]], []).append(item)
+        size = caps.max_renew_batch
+        plan = [
+            (physical, group[start : start + size])
+            for physical, group in groups.items()
+            for start in range(0, len(group), size)
+        ]
+        chunks = [chunk for _, chunk in plan]
+        renewed: list[Lease] = []
+        try:
+            for position, (physical, chunk) in enumerate(plan):
+                receipts = [receipt for _, _, receipt in chunk]
+                fn: Callable[[], list[Visibility | BaseException]]
+                if len(receipts) == 1:
+                    single = partial(self._driver.change_visibility, receipts[0], physical)
+                    fn = partial(_one, single)
+                else:
+                    fn = partial(self._driver.change_visibility_batch, receipts, physical)
+                left = self._lease_timeout([lz for _, lz, _ in chunk], timeout, settle=False)
+                started = time.monotonic()
+                outcome = self._batch_call(
+                    "renew", fn, left, chunks, position, raise_whole=raise_whole
+                )
+                for (i, lease, _), result in zip(chunk, outcome, strict=True):
+                    if isinstance(result, Visibility):
+                        lost = lease._record.renewed(
+                            result.receipt,
+                            result.visible_until,
+                            physical,
+                            started,
+                            late_is_lost=late_is_lost,
+                        )
+                        if lost is None:
+                            renewed.append(lease)
+                        results[i] = lost
+                        continue
+                    error = self._lease_error(result, "renew")
+                    lease._record.failed(error)
+                    results[i] = error
+        finally:
+            if event and renewed and self._has_observers("leasekit_lease_renewed"):
+                for lease in renewed:
+                    self._emit("leasekit_lease_renewed", lease=lease)
+        self._fill_duplicates(leases, results)
+        return results
+
+    def _drop_expired(
+        self, taken: list[tuple[int, Lease, str]], results: list[Any]
+    ) -> list[tuple[int, Lease, str]]:
+        """Leases whose time is up are lost, not renewed (stale receipts cannot be told here)."""
+        alive = []
+        for item in taken:
+            i, lease, _ = item
+            record = lease._record
+            if record.time_left() > 0:
+                alive.append(item)
+                continue
+            record.release()
+            error = record.expire()
+            results[i] = error or record.unusable("renew", lease.message.id)
+        return alive
+
+    def _lease_error(self, result: BaseException, action: str) -> errors.LeaseError:
+        error = wrap_error(self._driver, result, f"{action} on {self.name!r}")
+        if error is not result:
+            error.__cause__ = result
+        return error
+
+    def _lease_timeout(
+        self, leases: Sequence[Lease], limit: float | None, *, settle: bool
+    ) -> float:
+        """The deadline for a call on ``leases``: the least time left on them, within bounds.
+
+        A settle gets at least ``MIN_SETTLE_TIMEOUT`` (a receipt past its expiry
+        may still be honoured, and settling late harms nobody); a renewal gets
+        what is left, so it never outlives the lease it renews.
+        """
+        left = min(lease._record.time_left() for lease in leases)
+        if settle or left <= 0:  # a renewal past the deadline: where stale receipts are refused
+            left = max(left, MIN_SETTLE_TIMEOUT)
+        return min(left, self._call_timeout if limit is None else limit)
+
+    def _lease_lost(self, lease: Lease, error: errors.LeaseLost) -> None:
+        """Called once by a lease's record when it is found lost: the hook event."""
+        self._emit("leasekit_lease_lost", lease=lease, error=error)
+
+    def _check_own(self, leases: Sequence[Lease]) -> None:
         for lease in leases:
+            if not isinstance(lease, Lease):
+                raise errors.InvalidArgument(f"expected a Lease, got {type(lease).__name__}")
             if lease.queue is not self:
                 raise errors.InvalidArgument(
                     f"lease of message {lease.message.id!r} belongs to queue "
                     f"{lease.queue.name!r}, not {self.name!r}"
                 )
-        return self._settle_many(leases)
-
-    def _settle_many(
-        self, leases: Sequence[Lease]
-    ) -> list[errors.LeaseError | errors.LeaseStateError | None]:
-        """Complete held leases in backend-sized batches; one result each (see complete_many)."""
-        self._require_open()
-        results: list[errors.LeaseError | errors.LeaseStateError | None] = [None] * len(leases)
-        size = self.capabilities.max_delete_batch
-        for start in range(0, len(leases), size):
-            chunk = list(leases[start : start + size])
-            # A stable lock order, so two callers settling overlapping lists cannot deadlock.
-            for lease in sorted(set(chunk), key=id):
-                lease._lock.acquire()
-            try:
-                live = [(i, lz) for i, lz in enumerate(chunk) if lz._state is LeaseState.HELD]
-                for i, lz in enumerate(chunk):
-                    if lz._state is LeaseState.LOST:
-                        results[start + i] = errors.LeaseLost(
-                            f"message {lz.message.id!r}: the lease was lost earlier"
-                        )
-                    elif lz._state is not LeaseState.HELD:
-                        results[start + i] = errors.LeaseStateError(
-                            f"message {lz.message.id!r}: the lease is already {lz._state.value}"
-                        )
-                if not live:
-                    continue
-                receipts = [lz.receipt for _, lz in live]
-                if len(receipts) == 1:
-                    outcome: list[BaseException | None] = []
-                    try:
-                        self._call("complete", partial(self._driver.delete, receipts[0]))
-                        outcome.append(None)
-                    except errors.LeaseError as exc:
-                        outcome.append(exc)
-                else:
-                    outcome = list(
-                        self._call("complete", partial(self._driver.delete_batch, receipts))
-                    )
-                for (i, lz), result in zip(live, outcome, strict=True):
-                    if result is None:
-                        lz._state = LeaseState.COMPLETED
-                        continue
-                    error = wrap_error(self._driver, result, f"complete on {self.name!r}")
-                    if error is not result:
-                        error.__cause__ = result
-                    if isinstance(error, errors.LeaseLost):
-                        lz._mark_lost(error)
-                    results[start + i] = error
-            finally:
-                for lease in set(chunk):
-                    lease._lock.release()
-            for i, lz in enumerate(chunk):
-                if results[start + i] is None:
-                    self._emit("leasekit_lease_completed", lease=lz)
-        return results
-
-    def _renew_many(
-        self, leases: Sequence[Lease], seconds: float
-    ) -> list[errors.LeaseError | bool | None]:
-        """Renew several held leases for ``seconds``, batched where the backend can.
-
-        One result per lease: ``None`` renewed; ``False`` skipped because the
-        lease was busy (being settled by its holder) or no longer held; or the
-        leasekit error for that lease (a :class:`LeaseLost` has marked it lost).
-        Used by the keeper; ``seconds`` must already be validated.
-        """
-        self._require_open()
-        results: list[errors.LeaseError | bool | None] = [False] * len(leases)
-        size = self.capabilities.max_renew_batch
-        for start in range(0, len(leases), size):
-            chunk = list(enumerate(leases[start : start + size], start))
-            locked = [(i, lz) for i, lz in chunk if lz._lock.acquire(blocking=False)]
-            try:
-                live = [(i, lz) for i, lz in locked if lz._state is LeaseState.HELD]
-                if not live:
-                    continue
-                outcome: list[Visibility | BaseException]
-                try:
-                    if len(live) == 1:
-                        receipt = live[0][1].receipt
-                        outcome = [
-                            self._call(
-                                "renew", partial(self._driver.change_visibility, receipt, seconds)
-                            )
-                        ]
-                    else:
-                        receipts = [lz.receipt for _, lz in live]
-                        outcome = list(
-                            self._call(
-                                "renew",
-                                partial(self._driver.change_visibility_batch, receipts, seconds),
-                            )
-                        )
-                except errors.LeaseError as exc:
-                    outcome = [exc] * len(live)
-                for (i, lz), result in zip(live, outcome, strict=True):
-                    if isinstance(result, Visibility):
-                        lz._receipt = result.receipt
-                        lz._expires_at = result.visible_until
-                        lz._duration = seconds
-                        results[i] = None
-                        continue
-                    error = wrap_error(self._driver, result, f"renew on {self.name!r}")
-                    if error is not result:
-                        error.__cause__ = result
-                    if isinstance(error, errors.LeaseLost):
-                        lz._mark_lost(error)
-                    results[i] = error
-            finally:
-                for _, lz in locked:
-                    lz._lock.release()
-            if self._has_observers("leasekit_lease_renewed"):
-                for i, lz in chunk:
-                    if results[i] is None:
-                        self._emit("leasekit_lease_renewed", lease=lz)
-        return results
 
     # ------------------------------------------------------------- validation
+
+    def check_duration(self, duration: object) -> float:
+        """Validate a lease duration for this backend; return it as the backend will use it.
+
+        Raises:
+            InvalidLeaseDuration: not a finite number, or outside the backend's range.
+        """
+        return self._check_duration(duration)
 
     def _check_duration(self, duration: object, what: str = "lease duration") -> float:
         caps = self.capabilities
@@ -570,6 +850,13 @@ class Queue:
                     f"so {seconds:g} s more is refused"
                 )
         return seconds
+
+    def _check_timeout(self, timeout: object, what: str = "timeout") -> float | None:
+        if timeout is None:
+            return None
+        if not _number(timeout) or not math.isfinite(timeout) or timeout <= 0:  # type: ignore[operator, arg-type]
+            raise errors.InvalidArgument(f"{what} must be a number of seconds > 0, got {timeout!r}")
+        return float(timeout)  # type: ignore[arg-type]
 
     def _check_wait(self, wait: object) -> float:
         if not _number(wait) or not math.isfinite(wait) or wait < 0:  # type: ignore[operator, arg-type]
@@ -669,6 +956,7 @@ class Queue:
             raise errors.LeaseStateError(f"queue {self.name!r} is closed; open it again")
 
     def _call(self, doing: str, fn: Callable[[], T]) -> T:
+        """Call the driver with core's retries (within the deadline); wrap its error once."""
         try:
             return self._retry.call(fn, self._driver.is_retryable)
         except Exception as exc:
@@ -677,8 +965,13 @@ class Queue:
                 raise
             raise error from exc
 
-    def _leases_from(self, batch: Sequence[RawMessage], seconds: float) -> list[Lease]:
+    def _leases_from(
+        self, batch: Sequence[RawMessage], seconds: float, started: float
+    ) -> list[Lease]:
+        """Leases for a received batch; ``started`` is when the receive call began."""
         leases = []
+        set_after = self.capabilities.lease_set_after_receive
+        now = time.time()
         for raw in batch:
             message = Message(
                 id=raw.id,
@@ -687,24 +980,41 @@ class Queue:
                 enqueued_at=raw.enqueued_at,
                 properties=dict(raw.properties),
             )
-            leases.append(Lease(self, message, raw.receipt, raw.visible_until, seconds, raw))
-        if self.capabilities.lease_set_after_receive:
+            physical = seconds
+            if set_after:  # the receive used the queue's visibility, not ours
+                physical = min(seconds, max(0.0, raw.visible_until.timestamp() - now))
+            leases.append(
+                Lease(
+                    self,
+                    message,
+                    raw.receipt,
+                    raw.visible_until,
+                    seconds,
+                    raw,
+                    deadline=started + physical,
+                )
+            )
+        if set_after:
             leases = self._apply_duration(leases, seconds)
         return leases
 
     def _apply_duration(self, leases: list[Lease], seconds: float) -> list[Lease]:
         """Set the lease duration right after receive where the receive could not (MNS)."""
-        kept = []
-        for lease in leases:
-            remaining = lease.expires_at.timestamp() - time.time()
-            if abs(remaining - seconds) <= self.capabilities.lease_resolution:
-                kept.append(lease)
-                continue
-            try:
-                visibility = self._change_visibility(lease, seconds)
-            except errors.LeaseLost:
-                continue
-            except (errors.BackendUnavailable, errors.BackendError) as exc:
+        now = time.time()
+        resolution = self.capabilities.lease_resolution
+        change = [
+            lease
+            for lease in leases
+            if abs(lease.expires_at.timestamp() - now - seconds) > resolution
+        ]
+        if not change:
+            return leases
+        results = self._renew(change, [seconds] * len(change), event=False, raise_whole=False)
+        dropped: set[int] = set()
+        for lease, result in zip(change, results, strict=True):
+            if isinstance(result, errors.LeaseLost):
+                dropped.add(id(lease))
+            elif isinstance(result, errors.BackendUnavailable | errors.BackendError):
                 # The message is already leased: hand it out with the visibility the
                 # receive gave it rather than drop it (it would stay invisible unused).
                 # Renewals still ask for ``seconds``.
@@ -713,15 +1023,10 @@ class Queue:
                     "%.0f s the receive gave it",
                     lease.message.id,
                     seconds,
-                    exc,
-                    remaining,
+                    result,
+                    lease.expires_at.timestamp() - now,
                 )
-                kept.append(lease)
-                continue
-            lease._receipt = visibility.receipt
-            lease._expires_at = visibility.visible_until
-            kept.append(lease)
-        return kept
+        return [lease for lease in leases if id(lease) not in dropped]
 
     def _poison_driver(self, create: bool = True) -> Driver:
         with self._poison_lock:

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from .deadline import time_left
+
 __all__ = ["RetryPolicy"]
 
 T = TypeVar("T")
@@ -45,7 +47,11 @@ class RetryPolicy:
         is_retryable: Callable[[BaseException], bool],
         sleep: Callable[[float], None] = time.sleep,
     ) -> T:
-        """Call ``fn``; on an error ``is_retryable`` accepts, wait and try again."""
+        """Call ``fn``; on an error ``is_retryable`` accepts, wait and try again.
+
+        Within the current call deadline (:mod:`leasekit.deadline`): no retry
+        starts once the backoff would run past it.
+        """
         attempt = 1
         while True:
             try:
@@ -53,5 +59,9 @@ class RetryPolicy:
             except Exception as exc:
                 if attempt >= self.attempts or not is_retryable(exc):
                     raise
-                sleep(self.backoff(attempt))
+                pause = self.backoff(attempt)
+                left = time_left()
+                if left is not None and left <= pause:
+                    raise
+                sleep(pause)
                 attempt += 1

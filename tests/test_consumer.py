@@ -276,7 +276,7 @@ def test_a_stale_receipt_in_a_batch_is_counted_not_raised(queue: Queue) -> None:
     def handler(lease: leasekit.Lease) -> None:
         if not lost_once:
             lost_once.append(lease.message.id)
-            lease._mark_lost(errors.LeaseLost("simulated: taken by another consumer"))
+            lease._record.lose(errors.LeaseLost("simulated: taken by another consumer"))
 
     stats = leasekit.Consumer(
         queue, handler, concurrency=4, lease_duration=30, pass_lease=True
@@ -292,7 +292,7 @@ def test_group_completer_never_strands_a_waiting_completion(queue: Queue) -> Non
     queue.send_many([b"%d" % i for i in range(12)])
     leases = queue.lease(12, duration=30)
     completer = _GroupCompleter(queue, size=4, window=0.05, in_flight=lambda: 4)
-    real_settle = queue._settle_many
+    real_settle = queue.complete_many
     first = threading.Event()
 
     def settle_after_everyone_queued(batch):  # type: ignore[no-untyped-def]
@@ -303,7 +303,7 @@ def test_group_completer_never_strands_a_waiting_completion(queue: Queue) -> Non
                 time.sleep(0.005)  # hold the first batch until the rest are queued behind it
         return real_settle(batch)
 
-    queue._settle_many = settle_after_everyone_queued  # type: ignore[method-assign]
+    queue.complete_many = settle_after_everyone_queued  # type: ignore[method-assign]
     results: list[object] = []
     threads = [
         threading.Thread(target=lambda lz=lz: results.append(completer.complete(lz)))
@@ -424,7 +424,7 @@ def test_a_message_found_lost_while_waiting_in_a_chunk_is_counted_and_not_handle
     handled: list[bytes] = []
     consumer = leasekit.Consumer(queue, lambda m: handled.append(m.body), lease_duration=30)
     first, second = queue.lease(2, duration=30)
-    first._mark_lost(errors.LeaseLost("simulated: the keeper found it lost"))
+    first._record.lose(errors.LeaseLost("simulated: the keeper found it lost"))
     with leasekit.LeaseKeeper() as keeper:
         keeper.add_many([second])
         consumer._process_chunk(0, [first, second], keeper)

@@ -60,7 +60,7 @@ CONSUMER = textwrap.dedent(
                 lease.renew(duration)
             work.append(lease)
         if rng.random() < 0.5:
-            results = q._settle_many(work)
+            results = q.complete_many(work)
             assert all(r is None for r in results), results
         else:
             for lease in work:
@@ -252,6 +252,6 @@ def test_sent_messages_survive_sigkill_of_the_sender(tmp_path: Path) -> None:
         for number, message_id in acknowledged.items():
             assert got[message_id].message.body == f"m{number}".encode()
             assert got[message_id].message.delivery_count == 1
-        results = queue._settle_many(list(got.values()))
+        results = queue.complete_many(list(got.values()))
         assert all(result is None for result in results)
         assert queue.lease(1) == []

@@ -27,7 +27,7 @@ The guarantee (at least once):
    become the next batch.
 3. Spark calls ``commit(end of batch N)`` when it plans batch N+1, after batch
    N's output was committed by the sink. Only then are batch N's messages
-   completed (``Queue._settle_many``, in the backend's delete batches, on the
+   completed (``Queue.complete_many``, in the backend's delete batches, on the
    background thread, before its next prefetch; ``stop()`` waits for it). When the
    queue goes idle, the source returns **one empty heartbeat offset** so that
    Spark plans one more (empty) batch and commits the last real one.
@@ -453,7 +453,7 @@ class LeasekitStreamReader(DataSourceStreamReader):
 
     def _settle(self, planner: _Planner, leases: list[Lease], seq: int) -> None:
         try:
-            results = planner.queue._settle_many(leases)
+            results = planner.queue.complete_many(leases)
         except (errors.LeaseError, errors.LeaseStateError) as exc:
             planner.commit_failures += len(leases)
             _log.error(

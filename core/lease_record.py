@@ -1,0 +1,261 @@
+"""The state of one lease, and the only code that changes it.
+
+The rule: a lease's receipt, expiry, deadline and state are written here and
+nowhere else, and never while a network call is in flight under the lease's
+lock. A caller that wants to act on a lease *takes* it for one operation
+(:meth:`LeaseRecord.take`), makes its backend call holding no lock, then reports
+the outcome (:meth:`renewed`, :meth:`settled`, :meth:`failed`) or gives the
+lease back unchanged (:meth:`release`). Reading a lease (its receipt, its state,
+``lease.lost``) never waits for a call, and a second operation waits only for
+the one in flight, never longer than the lease can last.
+
+Two clocks: ``expires_at`` is the backend's view of the expiry (what the service
+said, in UTC); ``deadline`` is core's own, on :func:`time.monotonic`: the start
+of the call that set the lease plus the duration it asked for. The backend set
+the visibility after that call started, so the deadline is never later than the
+true expiry, whatever the clocks of the two machines say. Core decides that a
+lease is lost by the deadline (:meth:`expire`), not by waiting for a call.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from .errors import LeaseLost, LeaseStateError
+from .message import LeaseState
+
+if TYPE_CHECKING:
+    from .lease import Lease
+
+__all__ = ["RENEW", "SETTLE", "LeaseRecord"]
+
+#: The operations a lease can be taken for.
+RENEW = "renew"
+SETTLE = "settle"
+#: Longest a settle waits beyond the lease's deadline for a renewal in flight to
+#: report (the keeper marks the lease lost at its deadline, which ends the wait).
+BUSY_GRACE = 1.0
+
+
+class LeaseRecord:
+    """Receipt, expiry, deadline and state of one lease; the one writer of them.
+
+    Parameters
+    ----------
+        owner: the :class:`~leasekit.Lease` of this record (given to ``on_lost`` callbacks).
+        receipt: the receipt from the receive.
+        expires_at: the backend's expiry (UTC).
+        deadline: core's expiry on :func:`time.monotonic`.
+        duration: the physical lease duration set by the receive.
+        lost_hook: called as ``lost_hook(owner, error)`` once when the lease is found lost.
+    """
+
+    __slots__ = (
+        "_idle",
+        "_lost_event",
+        "_lost_hook",
+        "_mutex",
+        "_on_lost",
+        "busy",
+        "deadline",
+        "duration",
+        "expires_at",
+        "lost_error",
+        "owner",
+        "receipt",
+        "state",
+    )
+
+    def __init__(
+        self,
+        owner: Lease,
+        receipt: str,
+        expires_at: datetime,
+        deadline: float,
+        duration: float,
+        lost_hook: Callable[[Lease, LeaseLost], None],
+    ) -> None:
+        self.owner = owner
+        self.receipt = receipt
+        self.expires_at = expires_at
+        self.deadline = deadline
+        self.duration = duration
+        self.state = LeaseState.HELD
+        #: The operation in flight (``RENEW`` or ``SETTLE``), or ``None``.
+        self.busy: str | None = None
+        self.lost_error: LeaseLost | None = None
+        self._mutex = threading.Lock()
+        self._idle = threading.Condition(self._mutex)  # notified when ``busy`` clears
+        self._on_lost: list[Callable[[Lease, LeaseLost], None]] = []
+        self._lost_event: threading.Event | None = None  # made on first use
+        self._lost_hook = lost_hook
+
+    # ------------------------------------------------------------------ reads
+
+    def time_left(self) -> float:
+        """Seconds until the deadline (negative once it passed)."""
+        return self.deadline - time.monotonic()
+
+    def lost_event(self) -> threading.Event:
+        """The event set when the lease is found lost (made on first use, set if lost already)."""
+        event = self._lost_event
+        if event is None:
+            with self._mutex:
+                if self._lost_event is None:
+                    self._lost_event = threading.Event()
+                    if self.state is LeaseState.LOST:
+                        self._lost_event.set()
+                event = self._lost_event
+        return event
+
+    def unusable(self, action: str, message_id: str) -> LeaseLost | LeaseStateError | None:
+        """The error for using a lease that is no longer held, or ``None`` if it is held."""
+        state = self.state
+        if state is LeaseState.HELD:
+            return None
+        if state is LeaseState.LOST:
+            lost = self.lost_error
+            return LeaseLost(
+                f"cannot {action} message {message_id!r}: the lease was lost earlier ({lost})",
+                backend_code=lost.backend_code if lost is not None else None,
+            )
+        return LeaseStateError(
+            f"cannot {action} message {message_id!r}: the lease is already "
+            f"{state.value}. Each lease is settled once; lease the message again "
+            "to work on it."
+        )
+
+    # ------------------------------------------------------------- operations
+
+    def take(
+        self, operation: str, action: str, message_id: str
+    ) -> str | LeaseLost | LeaseStateError:
+        """Take the lease for ``operation``; return the receipt to use.
+
+        Returns an error instead when the lease is not held. Waits for an
+        operation in flight, at most until the deadline plus :data:`BUSY_GRACE`.
+        """
+        with self._mutex:
+            if self.busy is not None:
+                limit = self.deadline + BUSY_GRACE
+                while self.busy is not None:
+                    remaining = limit - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._idle.wait(remaining)
+                if self.busy is not None:
+                    return LeaseLost(
+                        f"cannot {action} message {message_id!r}: its {self.busy} call has "
+                        "not returned and the lease's time is up"
+                    )
+            error = self.unusable(action, message_id)
+            if error is not None:
+                return error
+            self.busy = operation
+            return self.receipt
+
+    def release(self) -> None:
+        """Give the lease back unchanged (the operation made no call, or changed nothing)."""
+        with self._mutex:
+            self.busy = None
+            self._idle.notify_all()
+
+    def renewed(
+        self,
+        receipt: str,
+        expires_at: datetime,
+        seconds: float,
+        started: float,
+        *,
+        late_is_lost: bool,
+    ) -> LeaseLost | None:
+        """Record a renewal that asked for ``seconds`` in a call started at ``started``.
+
+        With ``late_is_lost`` (a backend that cannot detect stale receipts), a
+        renewal that returned after the lease's deadline cannot prove nobody
+        else took the message meanwhile: the lease is marked lost instead, and
+        the error returned. A lease already found lost stays lost.
+        """
+        now = time.monotonic()
+        with self._mutex:
+            self.busy = None
+            self._idle.notify_all()
+            if self.state is not LeaseState.HELD:
+                return self.lost_error if self.state is LeaseState.LOST else None
+            if late_is_lost and now > self.deadline:
+                late = now - self.deadline
+                error = LeaseLost(
+                    f"the renewal returned {late:.1f} s after the lease ended; this backend "
+                    "cannot tell whether another consumer took the message meanwhile"
+                )
+            else:
+                self.receipt = receipt
+                self.expires_at = expires_at
+                self.deadline = started + seconds
+                self.duration = seconds
+                return None
+        self.lose(error)
+        return error
+
+    def settled(self, state: LeaseState) -> None:
+        """Record that the lease was completed, abandoned or dead-lettered."""
+        with self._mutex:
+            self.busy = None
+            if self.state is LeaseState.HELD:
+                self.state = state
+            self._idle.notify_all()
+
+    def failed(self, error: BaseException) -> None:
+        """Record a failed operation: the lease stays held, unless ``error`` says it is lost."""
+        self.release()
+        if isinstance(error, LeaseLost):
+            self.lose(error)
+
+    def expire(self, *, reason: str | None = None) -> LeaseLost | None:
+        """Mark the lease lost if its deadline has passed (core's clock); return the error."""
+        now = time.monotonic()
+        if self.state is not LeaseState.HELD or now < self.deadline:
+            return None
+        late = now - self.deadline
+        detail = reason or "no renewal came in time"
+        if self.busy:
+            detail += f"; its {self.busy} call has not returned"
+        error = LeaseLost(f"the lease ended {late:.1f} s ago ({detail})")
+        return error if self.lose(error) else None
+
+    def lose(self, error: LeaseLost) -> bool:
+        """Mark the lease lost; fire the event, callbacks and hook once. True if it was held."""
+        with self._mutex:
+            if self.state is not LeaseState.HELD:
+                return False
+            self.state = LeaseState.LOST
+            self.lost_error = error
+            callbacks, self._on_lost = self._on_lost, []
+            event = self._lost_event
+            self._idle.notify_all()
+        if event is not None:
+            event.set()  # else: made already set when first asked for
+        owner = self.owner
+        for callback in callbacks:
+            try:
+                callback(owner, error)
+            except Exception:
+                owner.queue._log.exception("on_lost callback failed for %r", owner)
+        self._lost_hook(owner, error)
+        return True
+
+    def on_lost(self, callback: Callable[[Lease, LeaseLost], None]) -> LeaseLost | None:
+        """Register ``callback``; return the error instead if the lease is lost already."""
+        with self._mutex:
+            if self.lost_error is None:
+                self._on_lost.append(callback)
+                return None
+            return self.lost_error
+
+    def __repr__(self) -> str:
+        busy: Any = f" busy={self.busy}" if self.busy else ""
+        return f"<LeaseRecord {self.state.value}{busy} left={self.time_left():.1f}s>"
