@@ -5,8 +5,11 @@ URLs:
     ``HOST`` (``aliyun-mns://1234567890.mns.cn-hangzhou.aliyuncs.com/jobs``).
     An endpoint on a loopback host speaks ``http``, any other ``https``;
     ``?scheme=http|https`` overrides (``aliyun-mns://127.0.0.1:8080/jobs?scheme=http``).
-    The other URL option is ``timeout`` (the socket timeout in seconds, default
-    60; it must outlast a 30 s long poll). Keyword form::
+    Other URL options: ``connect_timeout`` (seconds to open a connection,
+    default 5) and ``read_timeout`` (seconds to wait for an answer, default 10;
+    a receive waits its long poll beyond that). Each call is bounded tighter
+    still by core's deadline: a renewal by the time left on its lease, so a
+    hung request fails before the lease would have ended. Keyword form::
 
         leasekit.open("aliyun-mns", queue="jobs",
                       endpoint="https://1234567890.mns.cn-hangzhou.aliyuncs.com",
@@ -124,6 +127,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from leasekit.capabilities import Capabilities
+from leasekit.deadline import call_timeout
 from leasekit.errors import BackendNotInstalled, InvalidURL
 from leasekit.hookspecs import hookimpl
 from leasekit.options import as_float
@@ -156,8 +160,11 @@ MAX_TEXT = 64 * 1024
 MAX_BODY = MAX_TEXT // 4 * 3
 #: The body text for an empty body (MNS refuses an empty text; base64 decoders read it as b"").
 EMPTY_BODY = "="
-#: The SDK's own socket timeout (seconds); it must outlast a 30 s long poll.
-DEFAULT_TIMEOUT = 60.0
+#: Seconds to open a connection (a dead endpoint fails this fast).
+DEFAULT_CONNECT_TIMEOUT = 5.0
+#: Seconds to wait for an answer beyond a receive's long poll; every call is
+#: bounded tighter by core's deadline (see :mod:`leasekit.deadline`).
+DEFAULT_READ_TIMEOUT = 10.0
 #: Alibaba Cloud's standard credential variables.
 ENV_ACCESS_KEY_ID = "ALIBABA_CLOUD_ACCESS_KEY_ID"
 ENV_ACCESS_KEY_SECRET = "ALIBABA_CLOUD_ACCESS_KEY_SECRET"
@@ -365,13 +372,19 @@ class _Pooled:
 
 
 class _Borrowed:
-    """``with pool.queue(name) as sdk_queue:`` — a client for the length of one call."""
+    """``with pool.queue(name, wait) as sdk_queue:`` — a client for the length of one call.
 
-    __slots__ = ("_entry", "_name", "_pool")
+    On entry the client's connection gets the call's timeouts: a connect
+    timeout for opening it, and for reading the time left before core's
+    deadline (at most ``read_timeout``, plus ``wait`` for a long poll).
+    """
 
-    def __init__(self, pool: _ClientPool, name: str) -> None:
+    __slots__ = ("_entry", "_name", "_pool", "_wait")
+
+    def __init__(self, pool: _ClientPool, name: str, wait: float) -> None:
         self._pool = pool
         self._name = name
+        self._wait = wait
         self._entry: _Pooled | None = None
 
     def __enter__(self) -> Any:
@@ -381,6 +394,7 @@ class _Borrowed:
         if entry is None:
             entry = pool._new()
         self._entry = entry
+        pool.apply_timeouts(entry.client, self._wait)
         sdk_queue = entry.queues.get(self._name)
         return sdk_queue if sdk_queue is not None else entry.queue(self._name)
 
@@ -399,10 +413,17 @@ class _ClientPool:
     (last in, first out).
     """
 
-    def __init__(self, endpoint: str, credentials_provider: Any, timeout: float) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        credentials_provider: Any,
+        connect_timeout: float,
+        read_timeout: float,
+    ) -> None:
         self.endpoint = endpoint
         self._provider = credentials_provider
-        self._timeout = timeout
+        self._connect_timeout = connect_timeout
+        self._read_timeout = read_timeout
         self._idle: list[_Pooled] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -410,13 +431,38 @@ class _ClientPool:
     def _new(self) -> _Pooled:
         from mns.mns_client import MNSClient
 
-        client = MNSClient(self.endpoint, credentials_provider=self._provider)
-        if client.http.is_https:
-            # The SDK gives its HTTPS connection no timeout (a dead peer blocks forever).
-            client.http.conn.timeout = self._timeout
-        else:
-            client.set_connection_timeout(self._timeout)
-        return _Pooled(client)
+        return _Pooled(MNSClient(self.endpoint, credentials_provider=self._provider))
+
+    def apply_timeouts(self, client: Any, wait: float) -> None:
+        """Give ``client``'s connection this call's timeouts, connecting it first if needed.
+
+        The SDK opens its connection inside the request and reads with the
+        connect timeout; connecting here lets the two differ (a long poll must
+        not be cut at the connect timeout). The SDK's HTTPS connection has no
+        timeout of its own: without this a dead peer would block forever.
+        """
+        read = call_timeout(self._read_timeout + wait)
+        assert read is not None
+        conn = client.http.conn
+        if conn.sock is None:
+            connect = min(self._connect_timeout, read)
+            conn.timeout = connect  # used by HTTPSConnection.connect
+            if hasattr(conn, "connection_timeout"):
+                conn.connection_timeout = connect  # MNSHTTPConnection.connect
+            try:
+                conn.connect()
+            except OSError as exc:
+                conn.close()
+                from mns.mns_exception import MNSClientNetworkException
+
+                raise MNSClientNetworkException(
+                    "NetWorkException", f"cannot connect to {self.endpoint}: {exc}"
+                ) from exc
+        # A reconnect inside the SDK (a dropped keep-alive) uses the read timeout too.
+        conn.timeout = read
+        if hasattr(conn, "connection_timeout"):
+            conn.connection_timeout = read
+        conn.sock.settimeout(read)
 
     def give(self, entry: _Pooled) -> None:
         """Take back a borrowed client (closed instead once the pool is)."""
@@ -426,9 +472,12 @@ class _ClientPool:
                 return
         entry.client.close_connection()
 
-    def queue(self, name: str) -> _Borrowed:
-        """An SDK ``Queue`` for ``name`` on a borrowed client, body encoding off."""
-        return _Borrowed(self, name)
+    def queue(self, name: str, wait: float = 0.0) -> _Borrowed:
+        """An SDK ``Queue`` for ``name`` on a borrowed client, body encoding off.
+
+        ``wait``: the call's long poll in seconds (the read timeout is extended by it).
+        """
+        return _Borrowed(self, name, wait)
 
     def close(self) -> None:
         """Close every idle connection; busy ones close when their call returns."""
@@ -454,7 +503,10 @@ class AliyunMnsDriver(Driver):
         security_token: an STS token (default: ``ALIBABA_CLOUD_SECURITY_TOKEN``, if set).
         credentials_provider: instead of keys, an object whose ``get_credentials()``
             returns the SDK's credentials (refreshed on every request).
-        timeout: socket timeout in seconds (default 60; must be over 30, the longest poll).
+        connect_timeout: seconds to open a connection (default 5).
+        read_timeout: seconds to wait for an answer (default 10), beyond a receive's
+            long poll; each call is bounded tighter by core's deadline.
+        timeout: an older name for ``read_timeout``.
     """
 
     scheme = "aliyun-mns"
@@ -472,16 +524,16 @@ class AliyunMnsDriver(Driver):
         access_key_secret: str | None = None,
         security_token: str | None = None,
         credentials_provider: Any = None,
-        timeout: float | str = DEFAULT_TIMEOUT,
+        connect_timeout: float | str = DEFAULT_CONNECT_TIMEOUT,
+        read_timeout: float | str = DEFAULT_READ_TIMEOUT,
+        timeout: float | str | None = None,
     ) -> None:
         self.queue = _check_queue_name(queue)
         self._endpoint = _check_endpoint(endpoint)
-        seconds = as_float(timeout, "timeout", minimum=0)
-        if seconds <= MAX_WAIT:
-            raise ValueError(
-                f"aliyun-mns: timeout must be over {MAX_WAIT} s (the longest long poll), "
-                f"got {seconds:g}"
-            )
+        connect_seconds = as_float(connect_timeout, "connect_timeout", minimum=0.001)
+        if timeout is not None:
+            read_timeout = timeout
+        read_seconds = as_float(read_timeout, "read_timeout", minimum=0.001)
         try:
             from mns.auth import StaticCredentialsProvider
         except ImportError as exc:
@@ -511,7 +563,7 @@ class AliyunMnsDriver(Driver):
                 raise ValueError("aliyun-mns: access keys and the security token must be str")
             # The SDK sends the security-token header whenever the token is not "".
             provider = StaticCredentialsProvider(key_id, secret, token)
-        self._clients = _ClientPool(self._endpoint, provider, seconds)
+        self._clients = _ClientPool(self._endpoint, provider, connect_seconds, read_seconds)
         self._owns_clients = True
         self._closed = False
         self.capabilities = Capabilities(
@@ -634,7 +686,7 @@ class AliyunMnsDriver(Driver):
         from mns.mns_exception import MNSServerException
 
         wait_seconds = min(MAX_WAIT, _whole_seconds(wait)) if wait > 0 else 0
-        with self._clients.queue(self.queue) as sdk_queue:
+        with self._clients.queue(self.queue, wait_seconds) as sdk_queue:
             try:
                 messages = sdk_queue.batch_receive_message(max_messages, wait_seconds)
             except MNSServerException as exc:

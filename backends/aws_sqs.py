@@ -6,7 +6,11 @@ URLs:
     (``AWS_REGION``/``AWS_DEFAULT_REGION``, the profile). A queue owned by another
     account: ``aws-sqs://eu-west-1/123456789012/orders``. Query options:
     ``endpoint_url`` (moto, LocalStack, a VPC endpoint), ``profile``,
-    ``maximum_message_size``, ``max_attempts``, ``max_pool_connections``.
+    ``maximum_message_size``, ``max_attempts``, ``max_pool_connections``,
+    ``connect_timeout`` (seconds to open a connection, default 5) and
+    ``read_timeout`` (seconds to wait for an answer, default 10; a receive waits
+    its long poll beyond that). Each call is bounded tighter still by core's
+    deadline: a renewal by the time left on its lease.
     Keyword form: ``leasekit.open("aws-sqs", queue="orders", region="eu-west-1",
     endpoint_url=...)``; ``queue`` may also be a queue URL
     (``https://sqs.eu-west-1.amazonaws.com/123456789012/orders``), which saves the
@@ -88,8 +92,10 @@ Errors:
     credentials… → ``AuthenticationFailed``; throttling, ``OverLimit``, 5xx and
     network errors (``EndpointConnectionError``, timeouts) →
     ``BackendUnavailable``; other ``InvalidParameterValue`` → ``InvalidArgument``.
-    boto3 retries transient errors itself (standard mode, ``max_attempts``), so
-    core does not retry again (``is_retryable`` is ``False``).
+    Core retries transient errors, within each call's deadline, so boto3 makes
+    one attempt per call by default (``max_attempts=1``); with more, boto3
+    retries itself (standard mode, backoff of up to seconds between attempts,
+    which a short lease may not have) and core does not retry again.
 """
 
 from __future__ import annotations
@@ -108,9 +114,10 @@ from urllib.parse import urlsplit
 
 from leasekit.capabilities import Capabilities
 from leasekit.clock import to_datetime
+from leasekit.deadline import call_timeout, check_deadline
 from leasekit.errors import BackendNotInstalled, InvalidURL
 from leasekit.hookspecs import hookimpl
-from leasekit.options import as_int
+from leasekit.options import as_float, as_int
 from leasekit.registry import BackendSpec
 from leasekit.spi import (
     DeadLetter,
@@ -131,6 +138,11 @@ BATCH = 10
 MAX_VISIBILITY = 43200
 MAX_WAIT = 20
 MAX_DELAY = 900
+#: Seconds to open a connection (a dead endpoint fails this fast).
+DEFAULT_CONNECT_TIMEOUT = 5.0
+#: Seconds to wait for an answer beyond a receive's long poll; each call is
+#: bounded tighter by core's deadline (see :mod:`leasekit.deadline`).
+DEFAULT_READ_TIMEOUT = 10.0
 #: The SQS default (and moto's) for a queue's MaximumMessageSize; SQS allows
 #: 1024 to 1048576. It limits the body and the message attributes together.
 DEFAULT_MAXIMUM_MESSAGE_SIZE = 262144
@@ -328,7 +340,11 @@ class SqsDriver(Driver):
         client: a ready boto3 SQS client to use instead of making one (not closed by the driver).
         maximum_message_size: the queue's ``MaximumMessageSize`` in bytes (body
             plus attributes); 262144 unless the queue was set otherwise.
-        max_attempts: boto3's total attempts per call (standard retry mode).
+        max_attempts: boto3's total attempts per call (standard retry mode); 1 (the
+            default) leaves retrying to core, within each call's deadline.
+        connect_timeout: seconds to open a connection (default 5).
+        read_timeout: seconds to wait for an answer beyond a receive's long poll
+            (default 10); each call is bounded tighter by core's deadline.
         max_pool_connections: HTTP connections the client keeps (one per concurrent call).
     """
 
@@ -348,7 +364,9 @@ class SqsDriver(Driver):
         aws_session_token: str | None = None,
         client: Any = None,
         maximum_message_size: int | str = DEFAULT_MAXIMUM_MESSAGE_SIZE,
-        max_attempts: int | str = 3,
+        max_attempts: int | str = 1,
+        connect_timeout: float | str = DEFAULT_CONNECT_TIMEOUT,
+        read_timeout: float | str = DEFAULT_READ_TIMEOUT,
         max_pool_connections: int | str = 16,
         _connection: _Connection | None = None,
     ) -> None:
@@ -389,6 +407,8 @@ class SqsDriver(Driver):
         self._profile = profile
         self._secret = _Secret(aws_access_key_id, aws_secret_access_key, aws_session_token)
         self._max_attempts = as_int(max_attempts, "max_attempts", minimum=1)
+        self._connect_timeout = as_float(connect_timeout, "connect_timeout", minimum=0.001)
+        self._read_timeout = as_float(read_timeout, "read_timeout", minimum=0.001)
         self._max_pool = as_int(max_pool_connections, "max_pool_connections", minimum=1)
         self._given_url = queue_url
         self._queue_url = queue_url
@@ -396,6 +416,8 @@ class SqsDriver(Driver):
         self._url_lock = threading.Lock()
         self._closed = False
         self._maximum_message_size = size
+        if client is not None:
+            _bound_attempts(client)
         self._connection = (
             _connection.share()
             if _connection is not None
@@ -469,10 +491,14 @@ class SqsDriver(Driver):
         config = Config(
             retries={"mode": "standard", "total_max_attempts": self._max_attempts},
             max_pool_connections=self._max_pool,
-            # Longer than the longest long poll (20 s), so a wait never times out.
-            read_timeout=MAX_WAIT + 40,
+            connect_timeout=self._connect_timeout,
+            # The cap: the longest long poll (20 s) plus read_timeout. Each call gets
+            # less, the time left before core's deadline (see _bound_attempt).
+            read_timeout=MAX_WAIT + self._read_timeout,
         )
-        return session.client("sqs", endpoint_url=self.endpoint_url, config=config)
+        client = session.client("sqs", endpoint_url=self.endpoint_url, config=config)
+        _bound_attempts(client)
+        return client
 
     @property
     def client(self) -> Any:
@@ -835,8 +861,8 @@ class SqsDriver(Driver):
         return None
 
     def is_retryable(self, exc: BaseException) -> bool:
-        """Never: boto3 retries transient errors itself ("the client handles retries")."""
-        return False
+        """Transient errors when boto3 makes one attempt; never when it retries itself."""
+        return self._max_attempts == 1 and self.error_code(exc) is ErrorCode.UNAVAILABLE
 
     def close(self) -> None:
         """Release the shared client (closed when its last driver closes)."""
@@ -1005,3 +1031,21 @@ def _entry_error(failed: Mapping[str, Any]) -> DriverError:
     if classified is ErrorCode.UNKNOWN and not failed.get("SenderFault", True):
         classified = ErrorCode.UNAVAILABLE  # a server-side fault on this entry
     return DriverError(classified, f"{code}: {message}", backend_code=code)
+
+
+def _bound_attempt(request: Any, **kwargs: Any) -> None:
+    """Botocore ``before-send`` hook: this attempt reads for no longer than core's deadline allows.
+
+    botocore takes a per-request read timeout from ``request.context``; an
+    attempt that would start after the deadline is not made.
+    """
+    check_deadline("aws-sqs request")
+    left = call_timeout()
+    context = getattr(request, "context", None)
+    if left is not None and context is not None:
+        context["read_timeout"] = left
+
+
+def _bound_attempts(client: Any) -> None:
+    """Bound every request ``client`` makes by core's deadline for the call (see above)."""
+    client.meta.events.register("before-send.sqs", _bound_attempt, unique_id="leasekit-deadline")

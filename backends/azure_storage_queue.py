@@ -98,10 +98,16 @@ Errors:
     ``MessageTooLarge``; ``AuthenticationFailed`` and other 401/403 →
     ``AuthenticationFailed``; connection errors, timeouts and 5xx →
     ``BackendUnavailable``; range errors (400 ``OutOfRange…``) →
-    ``InvalidArgument``. The SDK retries connection errors, 408 and 5xx itself
-    (``retry_total``, default 3, with 15 s+ backoff), so core does not retry
-    them again; core retries only ``QueueBeingDeleted`` (409, a queue re-created
-    too soon after deletion), which the SDK does not retry.
+    ``InvalidArgument``. Core retries transient errors (connection errors,
+    timeouts, 408, 5xx, and ``QueueBeingDeleted``: a queue re-created too soon
+    after deletion) within each call's deadline, so the SDK's own retries are
+    off by default (``retry_total=0``); with ``retry_total`` > 0 the SDK retries
+    connection errors, 408 and 5xx itself (15 s+ backoff, longer than a short
+    lease) and core retries only ``QueueBeingDeleted``.
+
+    Every call carries per-operation ``connection_timeout`` and ``read_timeout``:
+    the options' values, cut to the time left before core's deadline (a renewal's
+    is the time left on its lease), so a hung request fails before the lease ends.
 """
 
 from __future__ import annotations
@@ -118,6 +124,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from leasekit.capabilities import Capabilities
+from leasekit.deadline import call_timeout
 from leasekit.errors import InvalidURL
 from leasekit.hookspecs import hookimpl
 from leasekit.options import as_float, as_int
@@ -139,6 +146,10 @@ if TYPE_CHECKING:
 __all__ = ["AzureStorageQueueDriver", "decode_message", "encode_message"]
 
 WEEK = 7 * 24 * 3600
+#: Seconds to wait for a connection (a dead endpoint fails this fast).
+DEFAULT_CONNECTION_TIMEOUT = 5.0
+#: Seconds to wait for an answer; each call is bounded tighter by core's deadline.
+DEFAULT_READ_TIMEOUT = 10.0
 #: Most messages one receive (and one peek) returns: the service's limit.
 MAX_RECEIVE = 32
 #: The service's limit on a message's text, in characters (64 KiB).
@@ -357,11 +368,13 @@ class AzureStorageQueueDriver(Driver):
         account_url: the queue service endpoint, e.g. ``https://ACCOUNT.queue.core.windows.net``.
         credential: anything the SDK takes as a credential (with ``account_url``).
         service_client: a ready ``QueueServiceClient``; the driver uses it and does not close it.
-        retry_total: the SDK's retry count for connection errors, 408 and 5xx (SDK default 3).
+        retry_total: the SDK's own retries of connection errors, 408 and 5xx (default 0:
+            core retries them, within each call's deadline).
         max_connections: HTTP connections kept open per host (SDK default 10); more
             concurrent calls than this open and discard extra connections.
-        connection_timeout: seconds to wait for a connection (SDK default 20).
-        read_timeout: seconds to wait for a response (SDK default 60).
+        connection_timeout: seconds to wait for a connection (default 5).
+        read_timeout: seconds to wait for a response (default 10); each call is
+            bounded tighter by core's deadline.
         api_version: the storage service API version (SDK default).
 
     Exactly one of ``connection_string``, ``account_url`` and ``service_client`` is needed.
@@ -416,25 +429,30 @@ class AzureStorageQueueDriver(Driver):
         kwargs: dict[str, Any] = {}
         if retry_total is not None:
             kwargs["retry_total"] = as_int(retry_total, "retry_total", minimum=0)
-        if connection_timeout is not None:
-            kwargs["connection_timeout"] = as_float(
-                connection_timeout, "connection_timeout", minimum=0
-            )
-        if read_timeout is not None:
-            kwargs["read_timeout"] = as_float(read_timeout, "read_timeout", minimum=0)
+        self._connection_timeout = (
+            DEFAULT_CONNECTION_TIMEOUT
+            if connection_timeout is None
+            else as_float(connection_timeout, "connection_timeout", minimum=0.001)
+        )
+        self._read_timeout = (
+            DEFAULT_READ_TIMEOUT
+            if read_timeout is None
+            else as_float(read_timeout, "read_timeout", minimum=0.001)
+        )
         if max_connections is not None:
             pool = as_int(max_connections, "max_connections", minimum=1)
-            # The timeouts belong to the transport when leasekit builds it.
-            timeouts = {
-                k: kwargs.pop(k) for k in ("connection_timeout", "read_timeout") if k in kwargs
-            }
-            kwargs["transport"] = _transport(pool, **timeouts)
+            kwargs["transport"] = _transport(pool)
         if api_version is not None:
             kwargs["api_version"] = api_version
 
         from azure.storage.queue import QueueServiceClient
 
         self._owns_service = service_client is None
+        # Core retries within each call's deadline; the SDK's own retries (15 s+
+        # backoff) only when asked for.
+        self._sdk_retries = kwargs.get("retry_total", 0 if service_client is None else None)
+        if service_client is None:
+            kwargs.setdefault("retry_total", 0)
         if service_client is not None:
             if kwargs:
                 raise ValueError(
@@ -545,7 +563,7 @@ class AzureStorageQueueDriver(Driver):
             kwargs["visibility_timeout"] = _whole_seconds(message.delay)
         if message.ttl is not None:
             kwargs["time_to_live"] = min(_whole_seconds(message.ttl), MAX_TTL)
-        sent = self._client.send_message(text, **kwargs)
+        sent = self._client.send_message(text, **kwargs, **self._timeouts())
         return str(sent.id)
 
     def receive(self, max_messages: int, visibility: float, wait: float) -> list[RawMessage]:
@@ -554,6 +572,7 @@ class AzureStorageQueueDriver(Driver):
             messages_per_page=max_messages,
             max_messages=max_messages,
             visibility_timeout=int(visibility),
+            **self._timeouts(),
         ).by_page()
         page = next(pages, None)
         if page is None:
@@ -577,7 +596,10 @@ class AzureStorageQueueDriver(Driver):
         """``update_message`` with an explicit visibility (0 releases); returns the new receipt."""
         message_id, pop_receipt = _receipt_parts(receipt)
         updated = self._client.update_message(
-            message_id, pop_receipt, visibility_timeout=_whole_seconds(seconds)
+            message_id,
+            pop_receipt,
+            visibility_timeout=_whole_seconds(seconds),
+            **self._timeouts(),
         )
         return Visibility(
             receipt=f"{message_id}:{updated.pop_receipt}",
@@ -587,7 +609,7 @@ class AzureStorageQueueDriver(Driver):
     def delete(self, receipt: str) -> None:
         """``delete_message`` with the receipt's pop receipt."""
         message_id, pop_receipt = _receipt_parts(receipt)
-        self._client.delete_message(message_id, pop_receipt)
+        self._client.delete_message(message_id, pop_receipt, **self._timeouts())
 
     def dead_letters(self, limit: int) -> list[DeadLetter]:
         """Peek up to ``min(limit, 32)`` messages of this queue, read as dead letters.
@@ -596,7 +618,9 @@ class AzureStorageQueueDriver(Driver):
         producers put there (Azure Functions moves poison messages as they
         are) have no reason and no delivery count.
         """
-        peeked = self._client.peek_messages(max_messages=min(limit, MAX_RECEIVE))
+        peeked = self._client.peek_messages(
+            max_messages=min(limit, MAX_RECEIVE), **self._timeouts()
+        )
         letters = []
         for message in peeked:
             body, properties = decode_message(message.content)
@@ -625,7 +649,7 @@ class AzureStorageQueueDriver(Driver):
         from azure.core.exceptions import ResourceExistsError
 
         try:
-            self._client.create_queue()
+            self._client.create_queue(**self._timeouts())
         except ResourceExistsError as exc:
             if _error_code_of(exc) not in _QUEUE_EXISTS:
                 raise
@@ -635,7 +659,7 @@ class AzureStorageQueueDriver(Driver):
         from azure.core.exceptions import ResourceNotFoundError
 
         try:
-            self._client.delete_queue()
+            self._client.delete_queue(**self._timeouts())
         except ResourceNotFoundError as exc:
             if _error_code_of(exc) not in _QUEUE_NOT_FOUND:
                 raise
@@ -655,8 +679,16 @@ class AzureStorageQueueDriver(Driver):
         return _error_code_of(exc)
 
     def is_retryable(self, exc: BaseException) -> bool:
-        """Only what the SDK does not retry itself (``QueueBeingDeleted``)."""
-        return _error_code_of(exc) in _CORE_RETRIES
+        """Transient errors while the SDK's own retries are off; else only ``QueueBeingDeleted``."""
+        if _error_code_of(exc) in _CORE_RETRIES:
+            return True
+        return self._sdk_retries == 0 and classify(exc) is ErrorCode.UNAVAILABLE
+
+    def _timeouts(self) -> dict[str, Any]:
+        """Per-operation timeouts for the call being made: the options, cut to core's deadline."""
+        read = call_timeout(self._read_timeout)
+        assert read is not None
+        return {"connection_timeout": min(self._connection_timeout, read), "read_timeout": read}
 
     def close(self) -> None:
         """Close the HTTP session (unless the service client was given by the caller)."""

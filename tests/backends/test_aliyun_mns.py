@@ -186,8 +186,9 @@ def test_missing_credentials_and_bad_options_are_refused(monkeypatch: pytest.Mon
     dummy = DUMMY
     with pytest.raises(InvalidURL, match="queue name"):
         leasekit.open("aliyun-mns", queue="bad_name", **dummy)
-    with pytest.raises(InvalidURL, match="timeout"):
-        leasekit.open("aliyun-mns", queue="q", timeout=5, **dummy)
+    for option in ("timeout", "read_timeout", "connect_timeout"):
+        with pytest.raises(InvalidURL, match=option):
+            leasekit.open("aliyun-mns", queue="q", **{option: 0}, **dummy)
 
 
 def test_secrets_never_appear_in_repr_or_errors(options: dict[str, str]) -> None:
@@ -351,8 +352,8 @@ def test_batch_settle_reports_each_stale_handle(queue: Queue) -> None:
     stale = leases[1]
     old_receipt = stale.receipt
     stale.renew()  # rotates the handle; give core the old one back
-    stale._receipt = old_receipt
-    results = queue._settle_many(leases)
+    stale._record.receipt = old_receipt
+    results = queue.complete_many(leases)
     assert results[0] is None and results[2] is None
     assert isinstance(results[1], LeaseLost)
     assert results[1].backend_code == "MessageNotExist"
@@ -368,7 +369,7 @@ def test_delete_batch_of_a_missing_queue_raises_queue_not_found(queue: Queue) ->
         leases += queue.lease(1, duration=60, wait=5)
     queue.driver.delete_queue()
     with pytest.raises(QueueNotFound):
-        queue._settle_many(leases)
+        queue.complete_many(leases)
 
 
 def test_long_poll_returns_when_a_message_arrives(queue: Queue) -> None:

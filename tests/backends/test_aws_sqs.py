@@ -281,9 +281,9 @@ def test_delete_batch_maps_each_entry(queue: Queue) -> None:
     leases: list[Any] = []
     while len(leases) < 3:
         leases.extend(queue.lease(3 - len(leases), duration=60, wait=5))
-    leases[1]._receipt = "not-a-receipt-handle"
+    leases[1]._record.receipt = "not-a-receipt-handle"
     calls = Calls(_driver(queue).client)
-    results = queue._settle_many(leases)
+    results = queue.complete_many(leases)
     assert calls.names() == ["DeleteMessageBatch"]
     assert results[0] is None and results[2] is None
     assert isinstance(results[1], LeaseLost)
@@ -297,15 +297,15 @@ def test_keeper_batch_renew_maps_each_entry(queue: Queue) -> None:
     leases: list[Any] = []
     while len(leases) < 3:
         leases.extend(queue.lease(3 - len(leases), duration=30, wait=5))
-    leases[2]._receipt = "garbage"
+    leases[2]._record.receipt = "garbage"
     calls = Calls(_driver(queue).client)
-    results = queue._renew_many(leases, 90)
+    results = queue.renew_many(leases, 90)
     assert calls.names() == ["ChangeMessageVisibilityBatch"]
     assert calls.made[0][1]["Entries"][0]["VisibilityTimeout"] == 90
     assert results[:2] == [None, None] and isinstance(results[2], LeaseLost)
     assert leases[2].lost.is_set()
     assert leases[0].expires_at.timestamp() > time.time() + 80
-    assert queue._settle_many(leases[:2]) == [None, None]
+    assert queue.complete_many(leases[:2]) == [None, None]
 
 
 def test_change_visibility_batch_maps_each_entry(queue: Queue) -> None:
@@ -321,7 +321,7 @@ def test_garbage_receipt_is_lease_lost_never_queue_not_found(queue: Queue) -> No
     queue.send(b"g")
     lease = queue.lease(1, duration=60, wait=5)[0]
     good = lease.receipt
-    lease._receipt = "garbage"
+    lease._record.receipt = "garbage"
     with pytest.raises(LeaseLost):
         lease.renew()
     assert lease.lost.is_set()
@@ -347,7 +347,7 @@ def test_limits_moto_does_not_enforce_are_enforced_before_any_call(queue: Queue)
         got[0].abandon(43201)
     assert calls.made == []
     got[0].renew(60)  # within the cap: fine
-    assert queue._settle_many(got) == [None] * 12
+    assert queue.complete_many(got) == [None] * 12
     assert max(len(p["Entries"]) for _, p in calls.made if "Entries" in p) <= 10
 
 
@@ -502,8 +502,15 @@ def test_unreachable_endpoint_is_backend_unavailable() -> None:
     with pytest.raises(BackendUnavailable) as caught:
         q.lease(1)
     assert caught.value.backend_code == "EndpointConnectionError"
-    assert not q.driver.is_retryable(caught.value.__cause__)  # type: ignore[arg-type]
+    cause = caught.value.__cause__
+    assert isinstance(cause, Exception)
+    # One boto3 attempt per call: core retries it, within the call's deadline.
+    assert q.driver.is_retryable(cause)
     q.close()
+    with leasekit.open(
+        "aws-sqs", queue="q", region="us-east-1", endpoint_url="http://127.0.0.1:1", max_attempts=3
+    ) as retried_by_boto3:
+        assert not retried_by_boto3.driver.is_retryable(cause)
 
 
 @pytest.fixture(scope="module")
@@ -656,7 +663,9 @@ _XML_403 = (
 def test_error_mapping(exc: BaseException, code: ErrorCode, cls: type | None) -> None:
     driver = SqsDriver(queue="q", region="us-east-1")
     assert driver.error_code(exc) is code
-    assert driver.is_retryable(exc) is False  # boto3 retries itself
+    # One boto3 attempt by default: core retries what is transient, within its deadline.
+    assert driver.is_retryable(exc) is (code is ErrorCode.UNAVAILABLE)
+    assert SqsDriver(queue="q", region="us-east-1", max_attempts=3).is_retryable(exc) is False
     if cls is not None:
         wrapped = wrap_error(driver, exc, "doing")
         assert type(wrapped) is cls

@@ -218,7 +218,7 @@ def test_batch_renew_is_one_management_call_and_maps_each_token(queue: Queue) ->
     receiver = _driver(queue)._receiver
     spy = Spy(receiver, "_renew_locks")
     before = [lz.expires_at for lz in leases]
-    assert queue._renew_many(leases, LOCK) == [None, None, None]
+    assert queue.renew_many(leases, LOCK) == [None, None, None]
     assert len(spy.calls) == 1 and len(spy.calls[0]) == 3
     assert all(lz.expires_at >= b for lz, b in zip(leases, before, strict=True))
     # One lost token fails Service Bus's whole call: the driver retries per token.
@@ -226,9 +226,9 @@ def test_batch_renew_is_one_management_call_and_maps_each_token(queue: Queue) ->
     twin = leasekit.Lease(
         queue, leases[1].message, leases[1].receipt, leases[1].expires_at, LOCK, leases[1].raw
     )
-    results = queue._renew_many([leases[0], twin, leases[2]], LOCK)
+    results = queue.renew_many([leases[0], twin, leases[2]], LOCK)
     assert results[0] is None and results[2] is None and isinstance(results[1], LeaseLost)
-    assert queue._settle_many([leases[0], leases[2]]) == [None, None]
+    assert queue.complete_many([leases[0], leases[2]]) == [None, None]
 
 
 def test_pushed_message_after_a_timed_out_receive_is_leased(queue: Queue) -> None:

@@ -555,14 +555,20 @@ def test_error_code_enum_values_are_normalised() -> None:
     assert DRIVER.error_code(exc) is ErrorCode.LEASE_LOST
 
 
-def test_only_what_the_sdk_does_not_retry_is_retryable() -> None:
-    assert DRIVER.is_retryable(_http(ResourceExistsError, 409, "QueueBeingDeleted"))
-    for exc in (
-        _http(HttpResponseError, 503, "ServerBusy"),
-        ServiceRequestError("refused"),
-        _http(HttpResponseError, 400, "PopReceiptMismatch"),
-    ):
-        assert not DRIVER.is_retryable(exc)
+def test_transient_errors_are_retried_by_core_unless_the_sdk_retries_itself() -> None:
+    # Core retries within each call's deadline, so the SDK's own retries (15 s+
+    # backoff) are off by default; with retry_total > 0 the SDK retries them instead.
+    dev = "UseDevelopmentStorage=true"
+    core_retries = AzureStorageQueueDriver(queue="jobs", connection_string=dev)
+    sdk_retries = AzureStorageQueueDriver(queue="jobs", connection_string=dev, retry_total=3)
+    being_deleted = _http(ResourceExistsError, 409, "QueueBeingDeleted")
+    transient = (_http(HttpResponseError, 503, "ServerBusy"), ServiceRequestError("refused"))
+    stale = _http(HttpResponseError, 400, "PopReceiptMismatch")
+    assert core_retries.is_retryable(being_deleted) and sdk_retries.is_retryable(being_deleted)
+    for exc in transient:
+        assert core_retries.is_retryable(exc)
+        assert not sdk_retries.is_retryable(exc)
+    assert not core_retries.is_retryable(stale) and not sdk_retries.is_retryable(stale)
 
 
 def test_sdk_error_is_chained_with_its_code(queue: leasekit.Queue) -> None:
@@ -570,7 +576,7 @@ def test_sdk_error_is_chained_with_its_code(queue: leasekit.Queue) -> None:
     [lease] = queue.lease(1, duration=30)
     twin_receipt = lease.receipt
     lease.renew()
-    lease._receipt = twin_receipt  # the stale receipt
+    lease._record.receipt = twin_receipt  # the stale receipt
     with pytest.raises(leasekit.LeaseLost) as info:
         lease.complete()
     assert info.value.backend_code == "PopReceiptMismatch"
