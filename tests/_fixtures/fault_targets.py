@@ -1,0 +1,157 @@
+"""The ``fault_target`` fixture: each backend with a fault-injecting proxy in front of it.
+
+Parametrized over the backends the fault scenarios run on (the MNS emulator,
+moto's SQS, Azurite). Each gives a way to open a queue *through* the proxy (the
+consumer under test) and *directly* (a rival consumer, or the test checking what
+the server holds), both on the same fresh queue.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+import leasekit
+from leasekit import Queue
+
+from .azurite import Azurite
+from .fault_proxy import FaultProxy, MakeProxy
+
+__all__ = ["FAULT_BACKENDS", "QUEUE_VISIBILITY", "FaultTarget"]
+
+#: Seconds a queue hides a received message where the queue, not the receive,
+#: sets it (MNS): at most the fault scenarios' leases.
+QUEUE_VISIBILITY = 5
+
+
+@dataclass
+class FaultTarget:
+    """A backend with a proxy in front of it."""
+
+    name: str
+    proxy: FaultProxy
+    #: Open the named queue with ``**options`` through the proxy / straight to the server.
+    open_proxied: Callable[..., Queue]
+    open_direct: Callable[..., Queue]
+    #: Whether the backend refuses a stale receipt (SQS does not).
+    detects_stale: bool = True
+    #: Called with each new queue's name after it is created (queue settings).
+    prepare: Callable[[str], None] | None = None
+    pairs: list[tuple[Queue, Queue]] = field(default_factory=list)
+
+    def queues(self, **options: Any) -> tuple[Queue, Queue]:
+        """A fresh queue opened through the proxy (with ``options``) and directly.
+
+        Created first; deleted when the test ends.
+        """
+        name = f"fault-{uuid.uuid4().hex[:12]}"
+        direct = self.open_direct(name, create=True)
+        if self.prepare is not None:
+            self.prepare(name)
+        proxied = self.open_proxied(name, **options)
+        self.pairs.append((proxied, direct))
+        return proxied, direct
+
+    def close(self) -> None:
+        """Back to ``pass``; delete the queues made and close every handle."""
+        self.proxy.pass_()
+        for proxied, direct in self.pairs:
+            try:
+                direct.delete()
+            except leasekit.LeaseError:
+                pass
+            finally:
+                proxied.close()
+                direct.close()
+
+
+def _port(endpoint: str) -> int:
+    port = urlsplit(endpoint).port
+    assert port is not None
+    return port
+
+
+def _mns(make: MakeProxy, request: pytest.FixtureRequest) -> FaultTarget:
+    server = request.getfixturevalue("mns_server")
+    proxy = make(_port(server.endpoint))
+    keys = {"access_key_id": server.access_key_id, "access_key_secret": server.access_key_secret}
+
+    def proxied(name: str, **options: Any) -> Queue:
+        return leasekit.open("aliyun-mns", queue=name, endpoint=proxy.endpoint(), **keys, **options)
+
+    def direct(name: str, **options: Any) -> Queue:
+        return leasekit.open("aliyun-mns", queue=name, endpoint=server.endpoint, **keys, **options)
+
+    def prepare(name: str) -> None:
+        # A receive hides messages for the queue's VisibilityTimeout (30 s by default)
+        # until core sets the lease: keep it short, so a receive whose answer a fault
+        # swallowed gives its messages back soon.
+        from mns.account import Account
+        from mns.queue import QueueMeta
+
+        meta = QueueMeta()
+        meta.set_visibilitytimeout(QUEUE_VISIBILITY)
+        Account(server.endpoint, *keys.values()).get_queue(name).set_attributes(meta)
+
+    return FaultTarget("aliyun-mns", proxy, proxied, direct, prepare=prepare)
+
+
+def _sqs(make: MakeProxy, request: pytest.FixtureRequest) -> FaultTarget:
+    server = request.getfixturevalue("moto_server")
+    proxy = make(_port(server.endpoint))
+
+    def proxied(name: str, **options: Any) -> Queue:
+        merged = {**server.options, "endpoint_url": proxy.endpoint(), **options}
+        return leasekit.open("aws-sqs", queue=name, **merged)
+
+    def direct(name: str, **options: Any) -> Queue:
+        return leasekit.open("aws-sqs", queue=name, **{**server.options, **options})
+
+    return FaultTarget("aws-sqs", proxy, proxied, direct, detects_stale=False)
+
+
+def _azure(make: MakeProxy, request: pytest.FixtureRequest) -> FaultTarget:
+    server: Azurite = request.getfixturevalue("azurite")
+    proxy = make(server.port)
+    via_proxy = Azurite(host=proxy.host, port=proxy.port)
+
+    def open_with(connection_string: str) -> Callable[..., Queue]:
+        def opener(name: str, **options: Any) -> Queue:
+            return leasekit.open(
+                "azure-storage-queue",
+                queue=name,
+                connection_string=connection_string,
+                **options,
+            )
+
+        return opener
+
+    return FaultTarget(
+        "azure-storage-queue",
+        proxy,
+        open_with(via_proxy.connection_string),
+        open_with(server.connection_string),
+    )
+
+
+#: The backends the fault scenarios run on, by scheme.
+FAULT_BACKENDS: dict[str, Callable[[MakeProxy, pytest.FixtureRequest], FaultTarget]] = {
+    "aliyun-mns": _mns,
+    "aws-sqs": _sqs,
+    "azure-storage-queue": _azure,
+}
+
+
+@pytest.fixture(params=sorted(FAULT_BACKENDS))
+def fault_target(request: pytest.FixtureRequest, fault_proxy: MakeProxy) -> Iterator[FaultTarget]:
+    """Each fault backend in turn, behind a proxy of its own."""
+    made = FAULT_BACKENDS[request.param](fault_proxy, request)
+    try:
+        yield made
+    finally:
+        made.close()
