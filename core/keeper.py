@@ -27,6 +27,7 @@ from types import TracebackType
 from . import errors
 from .lease import Lease
 from .message import LeaseState
+from .options import as_items, check_callable, check_int, check_number
 from .queue import Queue
 
 __all__ = ["KeeperStats", "LeaseKeeper"]
@@ -110,14 +111,13 @@ class LeaseKeeper:
         workers: int = 4,
         on_lost: Callable[[Lease, errors.LeaseLost], None] | None = None,
     ) -> None:
-        if not 0 < renew_at < 1:
-            raise errors.InvalidArgument(f"renew_at must be between 0 and 1, got {renew_at!r}")
-        if margin < 0:
-            raise errors.InvalidArgument(f"margin must be >= 0, got {margin!r}")
-        if max_lifetime is not None and max_lifetime <= 0:
-            raise errors.InvalidArgument(f"max_lifetime must be > 0, got {max_lifetime!r}")
-        if workers < 1:
-            raise errors.InvalidArgument(f"workers must be >= 1, got {workers!r}")
+        check_number(renew_at, "renew_at", above=0, below=1)
+        check_number(margin, "margin", minimum=0)
+        if max_lifetime is not None:
+            check_number(max_lifetime, "max_lifetime", above=0)
+        check_int(workers, "workers", minimum=1)
+        if on_lost is not None:
+            check_callable(on_lost, "on_lost")
         self.renew_at = renew_at
         self.margin = margin
         self.max_lifetime = max_lifetime
@@ -222,15 +222,18 @@ class LeaseKeeper:
             LeaseStateError: a lease is already settled (none is added), or the keeper is stopped.
             InvalidLeaseDuration: ``duration`` is out of the backend's range.
         """
+        leases = as_items(leases, "leases")
         for lease in leases:
+            if not isinstance(lease, Lease):
+                raise errors.InvalidArgument(f"a LeaseKeeper keeps leases, got {lease!r}")
             if lease.state is not LeaseState.HELD:
                 raise errors.LeaseStateError(
                     f"cannot keep message {lease.message.id!r}: the lease is already "
                     f"{lease.state.value}"
                 )
         lifetime = self.max_lifetime if max_lifetime is None else max_lifetime
-        if lifetime is not None and lifetime <= 0:
-            raise errors.InvalidArgument(f"max_lifetime must be > 0, got {lifetime!r}")
+        if lifetime is not None:
+            check_number(lifetime, "max_lifetime", above=0)
         checked: dict[int, float] = {}  # one duration check per queue
         if duration is not None:
             for lease in leases:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import LeaseLost, LeaseStateError
 from .message import LeaseState, Message
+from .options import check_callable
 from .spi import RawMessage
 
 if TYPE_CHECKING:
@@ -194,7 +195,12 @@ class Lease:
             raise LeaseLost(str(self._lost_error), backend_code=self._lost_error.backend_code)
 
     def on_lost(self, callback: Callable[[Lease, LeaseLost], None]) -> None:
-        """Call ``callback(lease, error)`` when the lease is found lost (at once if it is)."""
+        """Call ``callback(lease, error)`` when the lease is found lost (at once if it is).
+
+        Raises:
+            InvalidArgument: ``callback`` is not callable.
+        """
+        check_callable(callback, "callback")
         with self._lock:
             if self._lost_error is None:
                 self._on_lost.append(callback)

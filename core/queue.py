@@ -17,6 +17,7 @@ from .capabilities import Capabilities
 from .error_mapping import wrap_error
 from .lease import Lease
 from .message import LeaseState, Message
+from .options import as_items, check_text, is_number
 from .retry import RetryPolicy
 from .spi import DeadLetter, Driver, OutgoingMessage, QueueStats, RawMessage, Visibility
 
@@ -37,12 +38,14 @@ POLL_START = 0.005
 POLL_MAX = 0.1
 #: Longest reason kept on a dead-lettered message (Service Bus allows 4096).
 MAX_REASON = 4096
+#: Largest ``peek_dead_letters`` limit passed to a driver (fits every backend's integer).
+MAX_PEEK = 2**31 - 1
 
 _log = logging.getLogger("leasekit")
 
 
 def _number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    return is_number(value)  # also refuses an int too large for a float
 
 
 class Queue:
@@ -147,7 +150,9 @@ class Queue:
         Every body is validated before anything is sent. If a batch fails part
         way, the first error is raised; the messages before it were sent.
         """
-        outgoing = [self._outgoing(body, delay, ttl, properties) for body in bodies]
+        outgoing = [
+            self._outgoing(body, delay, ttl, properties) for body in as_items(bodies, "bodies")
+        ]
         self._require_open()
         ids: list[str] = []
         size = self.capabilities.max_send_batch
@@ -270,6 +275,7 @@ class Queue:
         """
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise errors.InvalidArgument(f"limit must be a positive int, got {limit!r}")
+        limit = min(limit, MAX_PEEK)  # "up to": a larger limit reads everything there is
         self._require_open()
         if not self.capabilities.inspect_dead_letters:
             raise errors.UnsupportedOperation(
@@ -407,7 +413,10 @@ class Queue:
         Raises:
             InvalidArgument: a lease of another queue (nothing is completed).
         """
+        leases = as_items(leases, "leases")
         for lease in leases:
+            if not isinstance(lease, Lease):
+                raise errors.InvalidArgument(f"complete_many takes leases, got {lease!r}")
             if lease.queue is not self:
                 raise errors.InvalidArgument(
                     f"lease of message {lease.message.id!r} belongs to queue "
@@ -601,7 +610,7 @@ class Queue:
             raise errors.InvalidArgument(
                 f"a dead-letter reason must be a non-empty str, got {reason!r}"
             )
-        return reason[:MAX_REASON]
+        return check_text(reason, "a dead-letter reason")[:MAX_REASON]
 
     def _outgoing(
         self,
@@ -649,17 +658,17 @@ class Queue:
                 "would expire before it becomes visible"
             )
         props: dict[str, str] = {}
+        if properties is not None and not isinstance(properties, Mapping):
+            raise errors.InvalidArgument("properties must be a mapping of str to str")
         if properties:
             if not caps.supports_properties:
                 raise errors.UnsupportedOperation(f"{scheme} cannot carry message properties")
-            if not isinstance(properties, Mapping):
-                raise errors.InvalidArgument("properties must be a mapping of str to str")
             for key, value in properties.items():
                 if not isinstance(key, str) or not isinstance(value, str) or not key:
                     raise errors.InvalidArgument(
                         f"properties must map non-empty str to str, got {key!r}: {value!r}"
                     )
-                props[key] = value
+                props[check_text(key, "a property name")] = check_text(value, "a property value")
         return OutgoingMessage(body=data, delay=delay_s, ttl=ttl_s, properties=props)
 
     # --------------------------------------------------------------- plumbing

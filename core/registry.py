@@ -22,7 +22,7 @@ from typing import Any
 import pluggy
 
 from . import hookspecs
-from .errors import BackendNotFound, BackendNotInstalled, InvalidURL, LeaseError
+from .errors import BackendNotFound, BackendNotInstalled, InvalidArgument, InvalidURL, LeaseError
 from .queue import Queue
 from .retry import RetryPolicy
 from .spi import Driver, ParsedURL
@@ -182,6 +182,12 @@ class BackendRegistry:
         """
         if not isinstance(target, str):
             raise InvalidURL(f"open() takes a URL or a backend name, got {type(target).__name__}")
+        if not isinstance(create, bool):
+            raise InvalidArgument(f"create must be True or False, got {type(create).__name__}")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise InvalidArgument(
+                f"retry must be a leasekit.RetryPolicy or None, got {type(retry).__name__}"
+            )
         if is_url(target):
             parsed = parse_url(target)
             cls = self.driver_class(parsed.scheme)
@@ -203,7 +209,11 @@ class BackendRegistry:
             raise
         except (TypeError, ValueError) as exc:
             raise InvalidURL(f"cannot open {where!r}: {exc}") from exc
-        queue = Queue(driver, lease_duration=lease_duration, retry=retry, hooks=self.hook)
+        try:
+            queue = Queue(driver, lease_duration=lease_duration, retry=retry, hooks=self.hook)
+        except BaseException:
+            driver.close()
+            raise
         if create:
             try:
                 queue.create()
