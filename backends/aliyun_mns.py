@@ -127,6 +127,7 @@ from leasekit.capabilities import Capabilities
 from leasekit.errors import BackendNotInstalled, InvalidURL
 from leasekit.hookspecs import hookimpl
 from leasekit.options import as_float
+from leasekit.redaction import install_log_redaction
 from leasekit.registry import BackendSpec
 from leasekit.spi import (
     DeadLetter,
@@ -138,6 +139,7 @@ from leasekit.spi import (
     RawMessage,
     Visibility,
 )
+from leasekit.url import check_endpoint
 
 __all__ = ["AliyunMnsDriver", "classify", "decode_body", "encode_body"]
 
@@ -158,6 +160,10 @@ MAX_BODY = MAX_TEXT // 4 * 3
 EMPTY_BODY = "="
 #: The SDK's own socket timeout (seconds); it must outlast a 30 s long poll.
 DEFAULT_TIMEOUT = 60.0
+#: Longest socket timeout accepted (a day); larger ones overflow the socket's own limit.
+MAX_TIMEOUT = 86400.0
+#: The SDK's loggers (``mns_python_sdk`` when given one); core redacts their records.
+SDK_LOGGERS = ("mns", "mns_python_sdk")
 #: Alibaba Cloud's standard credential variables.
 ENV_ACCESS_KEY_ID = "ALIBABA_CLOUD_ACCESS_KEY_ID"
 ENV_ACCESS_KEY_SECRET = "ALIBABA_CLOUD_ACCESS_KEY_SECRET"
@@ -323,10 +329,15 @@ def _check_queue_name(queue: object) -> str:
 
 def _check_endpoint(endpoint: object) -> str:
     if not isinstance(endpoint, str):
-        raise ValueError(
+        raise InvalidURL(
             "aliyun-mns: endpoint is required, e.g. https://ACCOUNT.mns.REGION.aliyuncs.com"
         )
-    parts = urlsplit(endpoint)
+    check_endpoint(endpoint, "endpoint", "aliyun-mns", AliyunMnsDriver.credential_hint)
+    try:
+        parts = urlsplit(endpoint)
+        parts.port  # noqa: B018 - parsed here, so a bad port is refused now
+    except ValueError:
+        parts = urlsplit("")
     if (
         parts.scheme not in ("http", "https")
         or not parts.hostname
@@ -337,7 +348,7 @@ def _check_endpoint(endpoint: object) -> str:
         or parts.fragment
     ):
         # Not repeated: a mistyped endpoint may hold a credential.
-        raise ValueError(
+        raise InvalidURL(
             "aliyun-mns: endpoint must be http(s)://HOST[:PORT] with no path, query or "
             "credentials, e.g. https://ACCOUNT.mns.REGION.aliyuncs.com"
         )
@@ -474,9 +485,10 @@ class AliyunMnsDriver(Driver):
         credentials_provider: Any = None,
         timeout: float | str = DEFAULT_TIMEOUT,
     ) -> None:
+        install_log_redaction(SDK_LOGGERS)
         self.queue = _check_queue_name(queue)
         self._endpoint = _check_endpoint(endpoint)
-        seconds = as_float(timeout, "timeout", minimum=0)
+        seconds = as_float(timeout, "timeout", minimum=0, maximum=MAX_TIMEOUT)
         if seconds <= MAX_WAIT:
             raise ValueError(
                 f"aliyun-mns: timeout must be over {MAX_WAIT} s (the longest long poll), "

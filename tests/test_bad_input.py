@@ -20,6 +20,7 @@ The example count is small so the file runs in seconds; set
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import uuid
@@ -576,3 +577,56 @@ def test_a_reason_that_is_not_utf8_is_refused_alike_everywhere(
     assert lease.state is leasekit.LeaseState.HELD
     lease.abandon()
     assert _seeds_intact(queue) is None
+
+
+# ---------------------------------------------- the cloud drivers' options
+
+#: Options that open each cloud backend without any network call.
+CLOUD_OPTIONS: dict[str, dict[str, Any]] = {
+    "aws-sqs": {
+        "queue": "q",
+        "region": "us-east-1",
+        "endpoint_url": "http://127.0.0.1:1",
+        "aws_access_key_id": "AKIDEXAMPLE",
+        "aws_secret_access_key": "secret-value",
+    },
+    "aliyun-mns": {
+        "queue": "q",
+        "endpoint": "http://127.0.0.1:1",
+        "access_key_id": "id",
+        "access_key_secret": "secret-value",
+    },
+    "azure-storage-queue": {
+        "queue": "qqq",
+        "account_url": "http://127.0.0.1:1/devstoreaccount1",
+        "credential": "a2V5",
+    },
+    "azure-service-bus": {
+        "queue": "q",
+        "connection_string": "Endpoint=sb://127.0.0.1:1;SharedAccessKeyName=k;"
+        "SharedAccessKey=v;UseDevelopmentEmulator=true",
+    },
+}
+
+
+@pytest.mark.parametrize("scheme", sorted(CLOUD_OPTIONS))
+def test_cloud_driver_options_get_typed_errors_when_opened(scheme: str) -> None:
+    cls = leasekit.default_registry().driver_class(scheme)
+    names = sorted(n for n in inspect.signature(cls).parameters if not n.startswith("_"))
+
+    @settings(FUZZ, max_examples=min(EXAMPLES, 60))
+    @given(
+        options=st.lists(st.sampled_from(names), unique=True, min_size=1, max_size=3).flatmap(
+            lambda keys: st.fixed_dictionaries({k: ANY for k in keys})
+        )
+    )
+    def run(options: dict[str, Any]) -> None:
+        try:
+            queue = leasekit.open(scheme, **{**CLOUD_OPTIONS[scheme], **options})
+        except (errors.LeaseError, errors.LeaseStateError):
+            return
+        except Exception as exc:
+            pytest.fail(f"{scheme} {options!r}: {_untyped(exc)}")
+        queue.close()
+
+    run()
