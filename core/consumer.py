@@ -19,7 +19,7 @@ from .idempotency import IdempotencyStore
 from .keeper import LeaseKeeper
 from .lease import Lease
 from .message import LeaseState
-from .options import check_bool, check_int, check_number
+from .options import MAX_SECONDS, check_bool, check_int, check_number
 from .queue import Queue
 
 __all__ = ["Consumer", "ConsumerStats"]
@@ -255,9 +255,9 @@ class Consumer:
             ("shutdown_grace", shutdown_grace),
             ("batch_window", batch_window),
         ):
-            check_number(seconds, name, minimum=0)
+            check_number(seconds, name, minimum=0, maximum=MAX_SECONDS)
         if max_lifetime is not None:
-            check_number(max_lifetime, "max_lifetime", above=0)
+            check_number(max_lifetime, "max_lifetime", above=0, maximum=MAX_SECONDS)
         for name, flag in (("pass_lease", pass_lease), ("handle_signals", handle_signals)):
             check_bool(flag, name)
         if batch_complete is not None:

@@ -27,7 +27,7 @@ from types import TracebackType
 from . import errors
 from .lease import Lease
 from .message import LeaseState
-from .options import as_items, check_callable, check_int, check_number
+from .options import MAX_SECONDS, as_items, check_callable, check_int, check_number
 from .queue import Queue
 
 __all__ = ["KeeperStats", "LeaseKeeper"]
@@ -112,9 +112,9 @@ class LeaseKeeper:
         on_lost: Callable[[Lease, errors.LeaseLost], None] | None = None,
     ) -> None:
         check_number(renew_at, "renew_at", above=0, below=1)
-        check_number(margin, "margin", minimum=0)
+        check_number(margin, "margin", minimum=0, maximum=MAX_SECONDS)
         if max_lifetime is not None:
-            check_number(max_lifetime, "max_lifetime", above=0)
+            check_number(max_lifetime, "max_lifetime", above=0, maximum=MAX_SECONDS)
         check_int(workers, "workers", minimum=1)
         if on_lost is not None:
             check_callable(on_lost, "on_lost")
@@ -233,7 +233,7 @@ class LeaseKeeper:
                 )
         lifetime = self.max_lifetime if max_lifetime is None else max_lifetime
         if lifetime is not None:
-            check_number(lifetime, "max_lifetime", above=0)
+            check_number(lifetime, "max_lifetime", above=0, maximum=MAX_SECONDS)
         checked: dict[int, float] = {}  # one duration check per queue
         if duration is not None:
             for lease in leases:

@@ -12,12 +12,14 @@ Messages name the option and repeat the value (never use these for secrets).
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .errors import InvalidArgument, InvalidURL
 
 __all__ = [
+    "MAX_SECONDS",
     "as_bool",
     "as_choice",
     "as_float",
@@ -32,6 +34,9 @@ __all__ = [
     "check_text",
     "is_number",
 ]
+
+#: Longest span of seconds a setting may have: the longest wait a thread can make.
+MAX_SECONDS = threading.TIMEOUT_MAX
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})

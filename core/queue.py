@@ -70,6 +70,12 @@ class Queue:
         retry: RetryPolicy | None = None,
         hooks: Any = None,
     ) -> None:
+        if not isinstance(driver, Driver):
+            raise errors.InvalidArgument(f"driver must be a leasekit Driver, got {driver!r}")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise errors.InvalidArgument(
+                f"retry must be a leasekit.RetryPolicy or None, got {type(retry).__name__}"
+            )
         self._driver = driver
         self._retry = retry or RetryPolicy()
         self._hooks = hooks

@@ -186,10 +186,6 @@ class BackendRegistry:
             raise InvalidURL(f"open() takes a URL or a backend name, got {type(target).__name__}")
         if not isinstance(create, bool):
             raise InvalidArgument(f"create must be True or False, got {type(create).__name__}")
-        if retry is not None and not isinstance(retry, RetryPolicy):
-            raise InvalidArgument(
-                f"retry must be a leasekit.RetryPolicy or None, got {type(retry).__name__}"
-            )
         if is_url(target):
             if has_userinfo(target):
                 # Refused before parsing: a parser would quote the credential back.
