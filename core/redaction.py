@@ -92,8 +92,12 @@ _SCHEME_TOKEN = re.compile(
     r"(?i)\b(bearer|sharedaccesssignature)\s+[^\s'\",]+|\b(MNS)\s+[\w\-]+:[\w+/=]+"
 )
 
+#: Most remembered secret forms; the oldest are forgotten first, so a process that
+#: opens many queues with rotating tokens keeps redaction cheap.
+MAX_REMEMBERED = 256
+
 _lock = threading.Lock()
-_secrets: set[str] = set()
+_secrets: dict[str, None] = {}  # insertion-ordered set
 _secret_pattern: re.Pattern[str] | None = None
 
 
@@ -148,10 +152,14 @@ def remember_secret(value: object) -> None:
     for safe in ("", "/"):
         forms.add(quote(value, safe=safe, errors="surrogatepass"))
     forms = {form for form in forms if len(form) >= MIN_SECRET}
-    if not forms or forms <= _secrets:
+    if not forms or forms <= _secrets.keys():
         return
     with _lock:
-        _secrets.update(forms)
+        for form in forms:
+            _secrets.pop(form, None)
+            _secrets[form] = None
+        while len(_secrets) > MAX_REMEMBERED:
+            del _secrets[next(iter(_secrets))]
         ordered = sorted(_secrets, key=len, reverse=True)  # longest first
         _secret_pattern = re.compile("|".join(re.escape(s) for s in ordered))
 
