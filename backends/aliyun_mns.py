@@ -131,6 +131,7 @@ from leasekit.deadline import call_timeout
 from leasekit.errors import BackendNotInstalled, InvalidURL
 from leasekit.hookspecs import hookimpl
 from leasekit.options import as_float
+from leasekit.redaction import install_log_redaction
 from leasekit.registry import BackendSpec
 from leasekit.spi import (
     DeadLetter,
@@ -142,6 +143,7 @@ from leasekit.spi import (
     RawMessage,
     Visibility,
 )
+from leasekit.url import check_endpoint
 
 __all__ = ["AliyunMnsDriver", "classify", "decode_body", "encode_body"]
 
@@ -165,6 +167,10 @@ DEFAULT_CONNECT_TIMEOUT = 5.0
 #: Seconds to wait for an answer beyond a receive's long poll; every call is
 #: bounded tighter by core's deadline (see :mod:`leasekit.deadline`).
 DEFAULT_READ_TIMEOUT = 10.0
+#: Longest timeout accepted (a day); larger ones overflow the socket's own limit.
+MAX_TIMEOUT = 86400.0
+#: The SDK's loggers (``mns_python_sdk`` when given one); core redacts their records.
+SDK_LOGGERS = ("mns", "mns_python_sdk")
 #: Alibaba Cloud's standard credential variables.
 ENV_ACCESS_KEY_ID = "ALIBABA_CLOUD_ACCESS_KEY_ID"
 ENV_ACCESS_KEY_SECRET = "ALIBABA_CLOUD_ACCESS_KEY_SECRET"
@@ -330,10 +336,15 @@ def _check_queue_name(queue: object) -> str:
 
 def _check_endpoint(endpoint: object) -> str:
     if not isinstance(endpoint, str):
-        raise ValueError(
+        raise InvalidURL(
             "aliyun-mns: endpoint is required, e.g. https://ACCOUNT.mns.REGION.aliyuncs.com"
         )
-    parts = urlsplit(endpoint)
+    check_endpoint(endpoint, "endpoint", "aliyun-mns", AliyunMnsDriver.credential_hint)
+    try:
+        parts = urlsplit(endpoint)
+        parts.port  # noqa: B018 - parsed here, so a bad port is refused now
+    except ValueError:
+        parts = urlsplit("")
     if (
         parts.scheme not in ("http", "https")
         or not parts.hostname
@@ -344,7 +355,7 @@ def _check_endpoint(endpoint: object) -> str:
         or parts.fragment
     ):
         # Not repeated: a mistyped endpoint may hold a credential.
-        raise ValueError(
+        raise InvalidURL(
             "aliyun-mns: endpoint must be http(s)://HOST[:PORT] with no path, query or "
             "credentials, e.g. https://ACCOUNT.mns.REGION.aliyuncs.com"
         )
@@ -528,12 +539,15 @@ class AliyunMnsDriver(Driver):
         read_timeout: float | str = DEFAULT_READ_TIMEOUT,
         timeout: float | str | None = None,
     ) -> None:
+        install_log_redaction(SDK_LOGGERS)
         self.queue = _check_queue_name(queue)
         self._endpoint = _check_endpoint(endpoint)
-        connect_seconds = as_float(connect_timeout, "connect_timeout", minimum=0.001)
+        connect_seconds = as_float(
+            connect_timeout, "connect_timeout", minimum=0.001, maximum=MAX_TIMEOUT
+        )
         if timeout is not None:
             read_timeout = timeout
-        read_seconds = as_float(read_timeout, "read_timeout", minimum=0.001)
+        read_seconds = as_float(read_timeout, "read_timeout", minimum=0.001, maximum=MAX_TIMEOUT)
         try:
             from mns.auth import StaticCredentialsProvider
         except ImportError as exc:

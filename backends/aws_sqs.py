@@ -117,7 +117,8 @@ from leasekit.clock import to_datetime
 from leasekit.deadline import call_timeout, check_deadline
 from leasekit.errors import BackendNotInstalled, InvalidURL
 from leasekit.hookspecs import hookimpl
-from leasekit.options import as_float, as_int
+from leasekit.options import as_float, as_int, as_object
+from leasekit.redaction import install_log_redaction, redact_url
 from leasekit.registry import BackendSpec
 from leasekit.spi import (
     DeadLetter,
@@ -130,6 +131,7 @@ from leasekit.spi import (
     RawMessage,
     Visibility,
 )
+from leasekit.url import check_endpoint
 
 __all__ = ["ATTRIBUTE_ROOM", "SqsDriver"]
 
@@ -258,6 +260,11 @@ _NETWORK_ERRORS = (
 _CREDENTIAL_ERRORS = ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError")
 #: Option names that are credentials: accepted as keywords only, never in a URL.
 _SECRET_OPTIONS = frozenset({"aws_access_key_id", "aws_secret_access_key", "aws_session_token"})
+#: The loggers of the SDK this driver uses; core redacts their records (``leasekit.redaction``).
+SDK_LOGGERS = ("boto3", "botocore", "urllib3")
+#: What a ready ``client=`` must be able to do.
+_CLIENT_METHODS = ("receive_message", "send_message", "delete_message")
+_HTTP = ("http://", "https://")
 
 
 @hookimpl
@@ -370,8 +377,27 @@ class SqsDriver(Driver):
         max_pool_connections: int | str = 16,
         _connection: _Connection | None = None,
     ) -> None:
+        install_log_redaction(SDK_LOGGERS)
         if not isinstance(queue, str) or not queue:
-            raise ValueError("aws-sqs: a queue name or URL is required (queue=...)")
+            raise InvalidURL("aws-sqs: a queue name or URL is required (queue=...)")
+        for option, value in (("queue", queue), ("endpoint_url", endpoint_url)):
+            check_endpoint(value, option, self.scheme, self.credential_hint)
+        if endpoint_url is not None and not (
+            isinstance(endpoint_url, str) and endpoint_url.lower().startswith(_HTTP)
+        ):
+            raise InvalidURL("aws-sqs: option endpoint_url must be an http(s):// URL")
+        for option, value in (
+            ("region", region),
+            ("profile", profile),
+            ("aws_access_key_id", aws_access_key_id),
+            ("aws_secret_access_key", aws_secret_access_key),
+            ("aws_session_token", aws_session_token),
+        ):
+            if value is not None and not isinstance(value, str):
+                # Never the value: some of these are secrets.
+                raise InvalidURL(f"aws-sqs: option {option} must be text (str)")
+        if client is not None:
+            as_object(client, "client", methods=_CLIENT_METHODS, what="a boto3 SQS client")
         queue_url: str | None = None
         if "://" in queue:
             queue_url = queue
@@ -391,7 +417,11 @@ class SqsDriver(Driver):
             raise ValueError(
                 f"aws-sqs: {name!r} is not a queue name (1-80 letters, digits, '-' or '_')"
             )
-        if account is not None and not _ACCOUNT.match(str(account)):
+        if account is not None and (
+            isinstance(account, bool)
+            or not isinstance(account, str | int)
+            or not _ACCOUNT.match(str(account))
+        ):
             raise ValueError(f"aws-sqs: account must be a 12-digit AWS account id, got {account!r}")
         size = as_int(maximum_message_size, "maximum_message_size", minimum=1024)
         if size > 1048576:
@@ -472,7 +502,7 @@ class SqsDriver(Driver):
         return options
 
     def __repr__(self) -> str:
-        where = f" endpoint={self.endpoint_url!r}" if self.endpoint_url else ""
+        where = f" endpoint={redact_url(self.endpoint_url)!r}" if self.endpoint_url else ""
         return f"<SqsDriver queue={self.queue!r} region={self.region!r}{where}>"
 
     # ------------------------------------------------------------- connection

@@ -131,7 +131,8 @@ from leasekit.capabilities import Capabilities
 from leasekit.clock import to_datetime
 from leasekit.errors import BackendNotInstalled, InvalidURL
 from leasekit.hookspecs import hookimpl
-from leasekit.options import as_float, as_int
+from leasekit.options import as_float, as_int, as_text
+from leasekit.redaction import install_log_redaction
 from leasekit.registry import BackendSpec
 from leasekit.spi import (
     DeadLetter,
@@ -143,6 +144,7 @@ from leasekit.spi import (
     RawMessage,
     Visibility,
 )
+from leasekit.url import check_endpoint
 
 __all__ = ["HEADER_ROOM", "ServiceBusDriver"]
 
@@ -161,6 +163,12 @@ MAX_SEND = 100
 HEADER_ROOM = 8192
 #: Service Bus Standard's maximum message size (Premium entities allow more).
 DEFAULT_MAX_MESSAGE_SIZE = 262144
+#: Service Bus Premium's largest maximum message size (100 MB).
+MAX_MESSAGE_SIZE = 100 * 1024 * 1024
+#: Longest ``max_wait`` option: one receive call longer than an hour only delays close().
+MAX_WAIT_OPTION = 3600.0
+#: The loggers of the SDKs this driver uses; core redacts their records (``leasekit.redaction``).
+SDK_LOGGERS = ("azure.core", "azure.servicebus", "azure.identity", "msal", "uamqp", "pyamqp")
 #: The Service Bus default LockDuration (PT1M).
 DEFAULT_LOCK_DURATION = 60.0
 #: Longest lock Service Bus allows (PT5M).
@@ -404,6 +412,7 @@ class ServiceBusDriver(Driver):
         max_wait: float | str = DEFAULT_MAX_WAIT,
         retry_total: int | str = 3,
     ) -> None:
+        install_log_redaction(SDK_LOGGERS)
         parts: dict[str, str] = {}
         if connection_string is not None:
             if not isinstance(connection_string, str) or "endpoint=" not in (
@@ -421,8 +430,11 @@ class ServiceBusDriver(Driver):
         endpoint_host = ""
         if parts:
             endpoint = parts.get("endpoint", "")
+            check_endpoint(endpoint, "connection_string's Endpoint", self.scheme)
             endpoint_host = endpoint.split("://", 1)[-1].strip("/")
         if namespace is not None:
+            as_text(namespace, "namespace")
+            check_endpoint(namespace, "namespace", self.scheme, self.credential_hint)
             namespace = namespace.strip().split("://", 1)[-1].strip("/")
             if "." not in namespace.split(":")[0]:
                 namespace += ".servicebus.windows.net"
@@ -458,8 +470,10 @@ class ServiceBusDriver(Driver):
             raise ValueError(
                 f"azure-service-bus: lock_duration is at most {MAX_LOCK_DURATION:g} s, got {lock:g}"
             )
-        size = as_int(max_message_size, "max_message_size", minimum=HEADER_ROOM + 1)
-        wait = as_float(max_wait, "max_wait", minimum=MIN_WAIT)
+        size = as_int(
+            max_message_size, "max_message_size", minimum=HEADER_ROOM + 1, maximum=MAX_MESSAGE_SIZE
+        )
+        wait = as_float(max_wait, "max_wait", minimum=MIN_WAIT, maximum=MAX_WAIT_OPTION)
         if not _installed("azure.servicebus"):
             raise BackendNotInstalled(
                 "backend 'azure-service-bus' needs azure-servicebus; install it with: "

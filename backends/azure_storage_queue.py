@@ -127,7 +127,8 @@ from leasekit.capabilities import Capabilities
 from leasekit.deadline import call_timeout
 from leasekit.errors import InvalidURL
 from leasekit.hookspecs import hookimpl
-from leasekit.options import as_float, as_int
+from leasekit.options import as_float, as_int, as_object, as_text
+from leasekit.redaction import install_log_redaction
 from leasekit.registry import BackendSpec
 from leasekit.spi import (
     DeadLetter,
@@ -139,6 +140,7 @@ from leasekit.spi import (
     RawMessage,
     Visibility,
 )
+from leasekit.url import check_endpoint
 
 if TYPE_CHECKING:
     from azure.storage.queue import QueueClient, QueueMessage, QueueServiceClient
@@ -159,6 +161,10 @@ MAX_TEXT = 64 * 1024
 MAX_BODY = MAX_TEXT // 4 * 3
 #: Longest time-to-live: the service takes any positive int32 (or -1, never).
 MAX_TTL = 2**31 - 1
+#: Longest connection or read timeout accepted (a day); larger ones overflow the socket's limit.
+MAX_TIMEOUT = 86400.0
+#: The loggers of the SDKs this driver uses; core redacts their records (``leasekit.redaction``).
+SDK_LOGGERS = ("azure.core", "azure.storage", "azure.identity", "msal", "urllib3")
 #: Leasekit's envelope for a message with properties starts with this; plain
 #: base64 can never start with ``{``.
 ENVELOPE_PREFIX = '{"leasekit":'
@@ -348,6 +354,18 @@ def _is_endpoint_host(host: str, port: int | None) -> bool:
     return port is not None or "." in host or ":" in host or host.lower() == "localhost"
 
 
+def _connection_string_endpoints(connection_string: object) -> list[tuple[str, str]]:
+    """The ``...Endpoint=URL`` parts of a connection string (to refuse one with credentials)."""
+    if not isinstance(connection_string, str):
+        return []
+    found = []
+    for part in connection_string.split(";"):
+        key, sep, value = part.partition("=")
+        if sep and key.strip().lower().endswith("endpoint"):
+            found.append((key.strip(), value.strip()))
+    return found
+
+
 def _redacted_endpoint(url: str) -> str:
     parts = urlsplit(url)
     host = parts.hostname or ""
@@ -397,6 +415,7 @@ class AzureStorageQueueDriver(Driver):
         read_timeout: float | str | None = None,
         api_version: str | None = None,
     ) -> None:
+        install_log_redaction(SDK_LOGGERS)
         if not isinstance(queue, str) or not _QUEUE_NAME.match(queue):
             raise ValueError(
                 f"azure-storage-queue: {queue!r} is not a queue name: use 3-63 lowercase "
@@ -425,6 +444,18 @@ class AzureStorageQueueDriver(Driver):
             )
         if credential is not None and account_url is None:
             raise ValueError("azure-storage-queue: credential goes with account_url")
+        check_endpoint(account_url, "account_url", self.scheme, self.credential_hint)
+        for option, endpoint in _connection_string_endpoints(connection_string):
+            check_endpoint(endpoint, f"connection_string's {option}", self.scheme)
+        if service_client is not None:
+            as_object(
+                service_client,
+                "service_client",
+                methods=("get_queue_client",),
+                what="an azure.storage.queue.QueueServiceClient",
+            )
+        if api_version is not None:
+            as_text(api_version, "api_version")
         self.queue = queue
         kwargs: dict[str, Any] = {}
         if retry_total is not None:
@@ -432,12 +463,14 @@ class AzureStorageQueueDriver(Driver):
         self._connection_timeout = (
             DEFAULT_CONNECTION_TIMEOUT
             if connection_timeout is None
-            else as_float(connection_timeout, "connection_timeout", minimum=0.001)
+            else as_float(
+                connection_timeout, "connection_timeout", minimum=0.001, maximum=MAX_TIMEOUT
+            )
         )
         self._read_timeout = (
             DEFAULT_READ_TIMEOUT
             if read_timeout is None
-            else as_float(read_timeout, "read_timeout", minimum=0.001)
+            else as_float(read_timeout, "read_timeout", minimum=0.001, maximum=MAX_TIMEOUT)
         )
         if max_connections is not None:
             pool = as_int(max_connections, "max_connections", minimum=1)

@@ -41,8 +41,9 @@ from datetime import datetime
 
 from leasekit.capabilities import Capabilities
 from leasekit.clock import Clock, SystemClock, to_datetime
+from leasekit.errors import InvalidURL
 from leasekit.hookspecs import hookimpl
-from leasekit.options import as_bool, as_int
+from leasekit.options import as_bool, as_int, as_object
 from leasekit.registry import BackendSpec
 from leasekit.spi import (
     DeadLetter,
@@ -225,15 +226,26 @@ class MemoryDriver(Driver):
         rotate_receipts: bool | str = False,
         max_message_size: int | str = 256 * 1024,
     ) -> None:
-        if not queue or not isinstance(queue, str):
-            raise ValueError("memory: a queue name is required (memory://NAME)")
+        if not isinstance(queue, str) or not queue:
+            raise InvalidURL("memory: a queue name is required (memory://NAME)")
+        if broker is not None:
+            as_object(broker, "broker", kind=MemoryBroker, what="a MemoryBroker")
+        if clock is not None:
+            as_object(clock, "clock", methods=("time",), what="a clock (with a time() method)")
         if broker is not None and clock is not None and broker.clock is not clock:
-            raise ValueError("memory: give either broker or clock, not both")
-        self.queue = queue
-        self.broker = broker or (MemoryBroker.for_clock(clock) if clock else MemoryBroker.default())
-        self._clock = self.broker.clock
+            raise InvalidURL("memory: give either broker or clock, not both")
         self._rotate = as_bool(rotate_receipts, "rotate_receipts")
         size = as_int(max_message_size, "max_message_size", minimum=1)
+        if broker is None and clock is not None:
+            try:
+                broker = MemoryBroker.for_clock(clock)
+            except TypeError:  # the per-clock brokers are kept by weak reference
+                raise InvalidURL(
+                    "memory: option clock must be an object that can be weakly referenced"
+                ) from None
+        self.queue = queue
+        self.broker = broker or MemoryBroker.default()
+        self._clock = self.broker.clock
         self.capabilities = CAPABILITIES.replace(
             renew_rotates_receipt=self._rotate, max_message_size=size
         )

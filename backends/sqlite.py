@@ -44,8 +44,9 @@ from typing import Any
 
 from leasekit.capabilities import Capabilities
 from leasekit.clock import Clock, SystemClock, to_datetime
+from leasekit.errors import InvalidURL
 from leasekit.hookspecs import hookimpl
-from leasekit.options import as_float, as_int
+from leasekit.options import as_choice, as_float, as_int, as_object, as_text
 from leasekit.registry import BackendSpec
 from leasekit.spi import (
     DeadLetter,
@@ -67,6 +68,10 @@ DAY = 24 * 3600.0
 BATCH = 500
 #: How often (seconds) a driver sweeps messages whose time-to-live passed.
 PURGE_EVERY = 1.0
+#: Longest busy timeout: SQLite takes it in milliseconds as a 32-bit int.
+MAX_BUSY_TIMEOUT = (2**31 - 1) / 1000
+#: Largest body: SQLite's default limit on a BLOB (SQLITE_MAX_LENGTH).
+MAX_LENGTH = 1_000_000_000
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS leasekit_queues (
@@ -136,6 +141,23 @@ def leasekit_add_backends() -> list[BackendSpec]:
     ]
 
 
+def _check_path(path: str) -> None:
+    """Refuse a database path SQLite cannot open: a directory, or one in a missing directory.
+
+    ``:memory:`` (a private in-memory database) is SQLite's own.
+    """
+    if path == ":memory:":
+        return
+    if os.path.isdir(path):
+        raise InvalidURL(f"sqlite: the database path {path!r} is a directory, not a file")
+    parent = os.path.dirname(path)
+    if parent and not os.path.isdir(parent):
+        raise InvalidURL(
+            f"sqlite: the directory of the database path {path!r} does not exist "
+            "(SQLite creates the file, not its directory)"
+        )
+
+
 def _lost(what: str) -> DriverError:
     return DriverError(ErrorCode.LEASE_LOST, what, backend_code="LeaseLost")
 
@@ -190,24 +212,28 @@ class SqliteDriver(Driver):
         synchronous: str = "NORMAL",
         max_message_size: int | str = 1024 * 1024,
     ) -> None:
-        if not queue or not isinstance(queue, str):
-            raise ValueError("sqlite: a queue name is required (?queue=NAME)")
-        if not path or not isinstance(path, str):
-            raise ValueError("sqlite: a database path is required (sqlite:///file.db?queue=NAME)")
-        if synchronous.upper() not in ("NORMAL", "FULL"):
-            raise ValueError(f"sqlite: synchronous must be NORMAL or FULL, got {synchronous!r}")
+        if not isinstance(queue, str) or not queue:
+            raise InvalidURL("sqlite: a queue name is required (?queue=NAME)")
+        as_text(queue, "queue")
+        if not isinstance(path, str) or not path:
+            raise InvalidURL("sqlite: a database path is required (sqlite:///file.db?queue=NAME)")
+        as_text(path, "path")
+        _check_path(path)
+        if clock is not None:
+            as_object(clock, "clock", methods=("time",), what="a clock (with a time() method)")
+        busy = as_float(busy_timeout, "busy_timeout", minimum=0, maximum=MAX_BUSY_TIMEOUT)
+        sync = as_choice(synchronous, "synchronous", ("NORMAL", "FULL"))
+        size = as_int(max_message_size, "max_message_size", minimum=1, maximum=MAX_LENGTH)
         self.queue = queue
         self.path = path
         self._clock: Clock = clock or SystemClock()
-        self._busy_timeout = as_float(busy_timeout, "busy_timeout", minimum=0)
-        self._synchronous = synchronous.upper()
+        self._busy_timeout = busy
+        self._synchronous = sync
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.Lock()
         self._last_purge = 0.0
         self._pid = os.getpid()
-        self.capabilities = CAPABILITIES.replace(
-            max_message_size=as_int(max_message_size, "max_message_size", minimum=1)
-        )
+        self.capabilities = CAPABILITIES.replace(max_message_size=size)
 
     @classmethod
     def options_from_url(cls, url: ParsedURL) -> dict[str, Any]:

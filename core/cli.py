@@ -18,9 +18,11 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from . import errors
+from .redaction import redact
 from .registry import default_registry
 from .registry import open as open_queue
 
@@ -59,11 +61,14 @@ def _run(fn: Callable[[], T]) -> T:
     try:
         return fn()
     except errors.LeaseError as exc:
-        err_console.print(f"[bold red]error:[/] {type(exc).__name__}: {exc}", highlight=False)
+        err_console.print(
+            f"[bold red]error:[/] {type(exc).__name__}: {escape(redact(str(exc)))}",
+            highlight=False,
+        )
         bad_input = isinstance(exc, errors.InvalidArgument | errors.BackendNotFound)
         raise typer.Exit(2 if bad_input else 1) from None
     except errors.LeaseStateError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err_console.print(f"[bold red]error:[/] {escape(redact(str(exc)))}", highlight=False)
         raise typer.Exit(2) from None
 
 

@@ -20,6 +20,7 @@ from .idempotency import IdempotencyStore
 from .keeper import LeaseKeeper
 from .lease import Lease
 from .message import LeaseState
+from .options import MAX_SECONDS, check_bool, check_int, check_number
 from .queue import Queue
 
 __all__ = ["Consumer", "ConsumerStats"]
@@ -268,10 +269,27 @@ class Consumer:
             )
         if not isinstance(receivers, int) or isinstance(receivers, bool) or receivers < 1:
             raise errors.InvalidArgument(f"receivers must be an int >= 1, got {receivers!r}")
-        if prefetch is not None and (not isinstance(prefetch, int) or prefetch < 0):
-            raise errors.InvalidArgument(f"prefetch must be an int >= 0, got {prefetch!r}")
-        if backoff_base < 0 or backoff_max < 0 or shutdown_grace < 0:
-            raise errors.InvalidArgument("backoff and shutdown_grace must be >= 0")
+        if prefetch is not None:
+            check_int(prefetch, "prefetch", minimum=0)
+        for name, seconds in (
+            ("backoff_base", backoff_base),
+            ("backoff_max", backoff_max),
+            ("shutdown_grace", shutdown_grace),
+            ("batch_window", batch_window),
+        ):
+            check_number(seconds, name, minimum=0, maximum=MAX_SECONDS)
+        if max_lifetime is not None:
+            check_number(max_lifetime, "max_lifetime", above=0, maximum=MAX_SECONDS)
+        for name, flag in (("pass_lease", pass_lease), ("handle_signals", handle_signals)):
+            check_bool(flag, name)
+        if batch_complete is not None:
+            check_bool(batch_complete, "batch_complete")
+        if duration_policy is not None and not isinstance(duration_policy, LeaseDurationPolicy):
+            raise errors.InvalidArgument(
+                f"duration_policy must be a LeaseDurationPolicy, got {duration_policy!r}"
+            )
+        if keeper is not None and not isinstance(keeper, LeaseKeeper):
+            raise errors.InvalidArgument(f"keeper must be a LeaseKeeper, got {keeper!r}")
         if lease_duration is not None and duration_policy is not None:
             raise errors.InvalidArgument("give lease_duration or duration_policy, not both")
         if idempotency is not None and not isinstance(idempotency, IdempotencyStore):

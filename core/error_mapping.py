@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from . import errors
 from .deadline import DeadlineExceeded
+from .redaction import redact
 from .spi import Driver, ErrorCode
 
 __all__ = ["ERROR_CLASSES", "wrap_error"]
@@ -42,7 +43,8 @@ def wrap_error(driver: Driver, exc: BaseException, doing: str) -> errors.LeaseEr
     except Exception:  # a classifier bug must not hide the real error
         code, backend_code = ErrorCode.UNKNOWN, None
     cls = ERROR_CLASSES[code]
-    detail = _first_line(str(exc)) or type(exc).__name__
+    # SDK messages may quote a request URL with its SAS signature, or a header.
+    detail = redact(_first_line(str(exc))) or type(exc).__name__
     label = f" [{backend_code}]" if backend_code else ""
     return cls(f"{doing} failed{label}: {detail}", backend_code=backend_code)
 

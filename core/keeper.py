@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import heapq
 import logging
-import math
 import random
 import threading
 import time
@@ -39,6 +38,7 @@ from types import TracebackType
 from . import errors
 from .lease import Lease
 from .message import LeaseState
+from .options import MAX_SECONDS, as_items, check_callable, check_int, check_number
 from .queue import Queue
 
 __all__ = ["KeeperStats", "LeaseKeeper"]
@@ -198,20 +198,14 @@ class LeaseKeeper:
         on_lost: Callable[[Lease, errors.LeaseLost], None] | None = None,
         stop_timeout: float = STOP_TIMEOUT,
     ) -> None:
-        if not _number(renew_at) or not 0 < renew_at < 1:
-            raise errors.InvalidArgument(f"renew_at must be between 0 and 1, got {renew_at!r}")
-        if not _number(margin) or not 0 <= margin < math.inf:
-            raise errors.InvalidArgument(f"margin must be a finite number >= 0, got {margin!r}")
-        if max_lifetime is not None and (not _number(max_lifetime) or not max_lifetime > 0):
-            raise errors.InvalidArgument(f"max_lifetime must be > 0, got {max_lifetime!r}")
-        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-            raise errors.InvalidArgument(f"workers must be an int >= 1, got {workers!r}")
-        if on_lost is not None and not callable(on_lost):
-            raise errors.InvalidArgument(f"on_lost must be callable, got {on_lost!r}")
-        if not _number(stop_timeout) or not 0 <= stop_timeout < math.inf:
-            raise errors.InvalidArgument(
-                f"stop_timeout must be a finite number >= 0, got {stop_timeout!r}"
-            )
+        check_number(renew_at, "renew_at", above=0, below=1)
+        check_number(margin, "margin", minimum=0, maximum=MAX_SECONDS)
+        if max_lifetime is not None:
+            check_number(max_lifetime, "max_lifetime", above=0, maximum=MAX_SECONDS)
+        check_int(workers, "workers", minimum=1)
+        if on_lost is not None:
+            check_callable(on_lost, "on_lost")
+        check_number(stop_timeout, "stop_timeout", minimum=0, maximum=MAX_SECONDS)
         self.renew_at = renew_at
         self.margin = margin
         self.max_lifetime = max_lifetime
@@ -330,17 +324,18 @@ class LeaseKeeper:
             LeaseStateError: a lease is already settled (none is added), or the keeper is stopped.
             InvalidLeaseDuration: ``duration`` is out of the backend's range.
         """
+        leases = as_items(leases, "leases")
         for lease in leases:
             if not isinstance(lease, Lease):
-                raise errors.InvalidArgument(f"expected a Lease, got {type(lease).__name__}")
+                raise errors.InvalidArgument(f"a LeaseKeeper keeps leases, got {lease!r}")
             if lease.state is not LeaseState.HELD:
                 raise errors.LeaseStateError(
                     f"cannot keep message {lease.message.id!r}: the lease is already "
                     f"{lease.state.value}"
                 )
         lifetime = self.max_lifetime if max_lifetime is None else max_lifetime
-        if lifetime is not None and (not _number(lifetime) or not lifetime > 0):
-            raise errors.InvalidArgument(f"max_lifetime must be > 0, got {lifetime!r}")
+        if lifetime is not None:
+            check_number(lifetime, "max_lifetime", above=0, maximum=MAX_SECONDS)
         checked: dict[int, float] = {}  # one duration check per queue
         if duration is not None:
             for lease in leases:
@@ -622,7 +617,3 @@ class LeaseKeeper:
 def _deadline(lease: Lease) -> float:
     """The lease's deadline on :func:`time.monotonic` (core's clock)."""
     return time.monotonic() + lease.time_left
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import LeaseLost
 from .lease_record import LeaseRecord
 from .message import LeaseState, Message
+from .options import check_callable
 from .spi import RawMessage
 
 if TYPE_CHECKING:
@@ -196,7 +197,12 @@ class Lease:
             raise LeaseLost(str(lost), backend_code=lost.backend_code)
 
     def on_lost(self, callback: Callable[[Lease, LeaseLost], None]) -> None:
-        """Call ``callback(lease, error)`` when the lease is found lost (at once if it is)."""
+        """Call ``callback(lease, error)`` when the lease is found lost (at once if it is).
+
+        Raises:
+            InvalidArgument: ``callback`` is not callable.
+        """
+        check_callable(callback, "callback")
         error = self._record.on_lost(callback)
         if error is not None:
             callback(self, error)

@@ -19,6 +19,7 @@ from .error_mapping import wrap_error
 from .lease import Lease
 from .lease_record import RENEW, SETTLE
 from .message import LeaseState, Message
+from .options import as_items, check_text, is_number
 from .retry import RetryPolicy
 from .spi import DeadLetter, Driver, OutgoingMessage, QueueStats, RawMessage, Visibility
 
@@ -52,6 +53,8 @@ DEFAULT_CALL_TIMEOUT = 10.0
 #: Least time a settle call gets even when the lease's time is (nearly) up: a
 #: receipt past its expiry may still be honoured, and settling late harms nobody.
 MIN_SETTLE_TIMEOUT = 1.0
+#: Largest ``peek_dead_letters`` limit passed to a driver (fits every backend's integer).
+MAX_PEEK = 2**31 - 1
 
 _log = logging.getLogger("leasekit")
 
@@ -62,7 +65,7 @@ def _one(call: Callable[[], Visibility]) -> list[Visibility | BaseException]:
 
 
 def _number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    return is_number(value)  # also refuses an int too large for a float
 
 
 class Queue:
@@ -92,8 +95,12 @@ class Queue:
         hooks: Any = None,
         call_timeout: float | None = None,
     ) -> None:
+        if not isinstance(driver, Driver):
+            raise errors.InvalidArgument(f"driver must be a leasekit Driver, got {driver!r}")
         if retry is not None and not isinstance(retry, RetryPolicy):
-            raise errors.InvalidArgument(f"retry must be a leasekit.RetryPolicy, got {retry!r}")
+            raise errors.InvalidArgument(
+                f"retry must be a leasekit.RetryPolicy or None, got {type(retry).__name__}"
+            )
         self._driver = driver
         self._retry = retry or RetryPolicy()
         self._call_timeout = self._check_timeout(call_timeout, "call_timeout") or (
@@ -183,7 +190,9 @@ class Queue:
         Every body is validated before anything is sent. If a batch fails part
         way, the first error is raised; the messages before it were sent.
         """
-        outgoing = [self._outgoing(body, delay, ttl, properties) for body in bodies]
+        outgoing = [
+            self._outgoing(body, delay, ttl, properties) for body in as_items(bodies, "bodies")
+        ]
         self._require_open()
         ids: list[str] = []
         size = self.capabilities.max_send_batch
@@ -312,6 +321,7 @@ class Queue:
         """
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise errors.InvalidArgument(f"limit must be a positive int, got {limit!r}")
+        limit = min(limit, MAX_PEEK)  # "up to": a larger limit reads everything there is
         self._require_open()
         if not self.capabilities.inspect_dead_letters:
             raise errors.UnsupportedOperation(
@@ -397,7 +407,7 @@ class Queue:
             InvalidArgument: a lease of another queue, or a bad ``timeout`` (nothing is renewed).
             InvalidLeaseDuration: ``duration`` is out of the backend's range (no call made).
         """
-        self._check_own(leases)
+        leases = self._check_own(leases)
         checked = None if duration is None else self._check_duration(duration)
         limit = self._check_timeout(timeout)
         self._require_open()
@@ -436,7 +446,7 @@ class Queue:
         Raises:
             InvalidArgument: a lease of another queue (nothing is completed).
         """
-        self._check_own(leases)
+        leases = self._check_own(leases)
         limit = self._check_timeout(timeout)
         self._require_open()
         size = self.capabilities.max_delete_batch
@@ -475,7 +485,7 @@ class Queue:
             InvalidArgument: a bad delay or timeout, or a lease of another queue (no call made).
             UnsupportedOperation: a delay on a backend that cannot delay.
         """
-        self._check_own(leases)
+        leases = self._check_own(leases)
         seconds = self._abandon_delay(delay)
         limit = self._check_timeout(timeout)
         self._require_open()
@@ -793,15 +803,18 @@ class Queue:
         """Called once by a lease's record when it is found lost: the hook event."""
         self._emit("leasekit_lease_lost", lease=lease, error=error)
 
-    def _check_own(self, leases: Sequence[Lease]) -> None:
+    def _check_own(self, leases: Sequence[Lease]) -> Sequence[Lease]:
+        """``leases`` as a sequence, each a lease of this queue (else InvalidArgument)."""
+        leases = as_items(leases, "leases")
         for lease in leases:
             if not isinstance(lease, Lease):
-                raise errors.InvalidArgument(f"expected a Lease, got {type(lease).__name__}")
+                raise errors.InvalidArgument(f"expected a Lease, got {lease!r}")
             if lease.queue is not self:
                 raise errors.InvalidArgument(
                     f"lease of message {lease.message.id!r} belongs to queue "
                     f"{lease.queue.name!r}, not {self.name!r}"
                 )
+        return leases
 
     # ------------------------------------------------------------- validation
 
@@ -888,7 +901,7 @@ class Queue:
             raise errors.InvalidArgument(
                 f"a dead-letter reason must be a non-empty str, got {reason!r}"
             )
-        return reason[:MAX_REASON]
+        return check_text(reason, "a dead-letter reason")[:MAX_REASON]
 
     def _outgoing(
         self,
@@ -936,17 +949,17 @@ class Queue:
                 "would expire before it becomes visible"
             )
         props: dict[str, str] = {}
+        if properties is not None and not isinstance(properties, Mapping):
+            raise errors.InvalidArgument("properties must be a mapping of str to str")
         if properties:
             if not caps.supports_properties:
                 raise errors.UnsupportedOperation(f"{scheme} cannot carry message properties")
-            if not isinstance(properties, Mapping):
-                raise errors.InvalidArgument("properties must be a mapping of str to str")
             for key, value in properties.items():
                 if not isinstance(key, str) or not isinstance(value, str) or not key:
                     raise errors.InvalidArgument(
                         f"properties must map non-empty str to str, got {key!r}: {value!r}"
                     )
-                props[key] = value
+                props[check_text(key, "a property name")] = check_text(value, "a property value")
         return OutgoingMessage(body=data, delay=delay_s, ttl=ttl_s, properties=props)
 
     # --------------------------------------------------------------- plumbing

@@ -16,17 +16,19 @@ import importlib.metadata
 import inspect
 import threading
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import pluggy
 
 from . import hookspecs
-from .errors import BackendNotFound, BackendNotInstalled, InvalidURL, LeaseError
+from .errors import BackendNotFound, BackendNotInstalled, InvalidArgument, InvalidURL, LeaseError
 from .queue import Queue
+from .redaction import redact, redact_url, remember_secrets
 from .retry import RetryPolicy
-from .spi import Driver, ParsedURL
-from .url import check_scheme, is_url, parse_url, redact_url
+from .spi import Driver
+from .url import check_scheme, has_userinfo, is_url, parse_url
 
 __all__ = ["BackendRegistry", "BackendSpec", "default_registry", "open"]
 
@@ -182,14 +184,22 @@ class BackendRegistry:
         """
         if not isinstance(target, str):
             raise InvalidURL(f"open() takes a URL or a backend name, got {type(target).__name__}")
+        if not isinstance(create, bool):
+            raise InvalidArgument(f"create must be True or False, got {type(create).__name__}")
         if is_url(target):
+            if has_userinfo(target):
+                # Refused before parsing: a parser would quote the credential back.
+                scheme = target.partition("://")[0].lower()
+                _refuse_credentials(self.driver_class(check_scheme(scheme)), (), userinfo=True)
             parsed = parse_url(target)
             cls = self.driver_class(parsed.scheme)
-            _refuse_credentials(cls, parsed)
+            _refuse_credentials(cls, parsed.query, userinfo=parsed.username is not None)
             try:
                 url_options = cls.options_from_url(parsed)
+            except LeaseError as exc:
+                raise _redacted(exc) from exc.__cause__
             except (TypeError, ValueError) as exc:
-                raise InvalidURL(f"cannot use {redact_url(target)!r}: {exc}") from exc
+                raise InvalidURL(f"cannot use {redact_url(target)!r}: {redact(str(exc))}") from exc
             merged = {**url_options, **options}
             where = redact_url(target)
         else:
@@ -197,13 +207,18 @@ class BackendRegistry:
             merged = dict(options)
             where = target
         _check_options(cls, merged, where)
+        remember_secrets(merged, cls.secret_options)
         try:
             driver = cls(**merged)
-        except LeaseError:
-            raise
+        except LeaseError as exc:
+            raise _redacted(exc) from exc.__cause__
         except (TypeError, ValueError) as exc:
-            raise InvalidURL(f"cannot open {where!r}: {exc}") from exc
-        queue = Queue(driver, lease_duration=lease_duration, retry=retry, hooks=self.hook)
+            raise InvalidURL(f"cannot open {where!r}: {redact(str(exc))}") from exc
+        try:
+            queue = Queue(driver, lease_duration=lease_duration, retry=retry, hooks=self.hook)
+        except BaseException:
+            driver.close()
+            raise
         if create:
             try:
                 queue.create()
@@ -213,13 +228,19 @@ class BackendRegistry:
         return queue
 
 
-def _refuse_credentials(cls: type[Driver], url: ParsedURL) -> None:
+def _redacted(exc: LeaseError) -> LeaseError:
+    """``exc`` with anything secret-looking in its message replaced by ``***``."""
+    exc.args = tuple(redact(arg) if isinstance(arg, str) else arg for arg in exc.args)
+    return exc
+
+
+def _refuse_credentials(cls: type[Driver], query: Iterable[str], *, userinfo: bool) -> None:
     """Credentials never travel in a URL: refuse userinfo (``user:secret@``) and secret options.
 
     The message names the offending option keys, never their values.
     """
-    found = sorted(k for k in url.query if k.lower() in cls.secret_options)
-    if url.username is not None or url.password is not None:
+    found = sorted(k for k in query if k.lower() in cls.secret_options)
+    if userinfo:
         found.insert(0, "userinfo@")  # the RFC 3986 name; never the values
     if found:
         raise InvalidURL(

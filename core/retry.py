@@ -9,10 +9,15 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from .deadline import time_left
+from .errors import InvalidArgument
+from .options import is_number
 
 __all__ = ["RetryPolicy"]
 
 T = TypeVar("T")
+
+#: Longest backoff ceiling accepted (a day): beyond it a retry is not a retry.
+MAX_BACKOFF = 86400.0
 
 
 @dataclass(frozen=True)
@@ -31,14 +36,21 @@ class RetryPolicy:
     cap: float = 2.0
 
     def __post_init__(self) -> None:
-        if self.attempts < 1:
-            raise ValueError("RetryPolicy.attempts must be at least 1")
-        if self.base < 0 or self.cap < 0:
-            raise ValueError("RetryPolicy backoff must not be negative")
+        attempts = self.attempts
+        if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1:
+            raise InvalidArgument(f"RetryPolicy.attempts must be an int >= 1, got {attempts!r}")
+        for name in ("base", "cap"):
+            value = getattr(self, name)
+            if not is_number(value) or not 0 <= value <= MAX_BACKOFF:
+                raise InvalidArgument(
+                    f"RetryPolicy.{name} must be a number of seconds from 0 to {MAX_BACKOFF:g}, "
+                    f"got {value!r}"
+                )
 
     def backoff(self, attempt: int) -> float:
         """Seconds to wait before retry number ``attempt`` (1-based), with full jitter."""
-        ceiling: float = min(self.cap, self.base * (2 ** (attempt - 1)))
+        # The exponent is bounded so a long run of attempts cannot overflow a float.
+        ceiling: float = min(self.cap, self.base * 2.0 ** min(attempt - 1, 64))
         return random.uniform(0, ceiling)
 
     def call(
