@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    log = logging.getLogger("leasekit.emulators.servicebus")
+    for warning in config.warnings:
+        log.warning("config %s: %s", args.config, warning)
     emulator = ServiceBusEmulator(Broker(config), args.host, args.port)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -59,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     emulator.run()
-    logging.getLogger("leasekit.emulators.servicebus").info("stopped")
+    log.info("stopped")
     return 0
 
 

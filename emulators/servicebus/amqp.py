@@ -29,13 +29,21 @@ Emulated on the wire:
     * emulator-only operations on ``$management``: ``leasekit:create-queue`` (body map
       ``name``, ``properties`` in Config.json style) and ``leasekit:delete-queue``;
     * an unknown entity gets its attach answered and then detached with
-      ``amqp:not-found`` (the SDK raises ``MessagingEntityNotFoundError``).
+      ``amqp:not-found`` (the SDK raises ``MessagingEntityNotFoundError``);
+    * delivery-ids as Service Bus takes them (out of order or repeated), proton-made
+      errors with all three fields, and a plain-HTTP answer to WebSocket: the
+      :class:`~.wire.RewritingIOHandler` between each socket and proton;
+    * a disposition for a delivery of a detached link is ignored, unanswered, as
+      Service Bus drops a closed link's unsettled deliveries.
 
-Not emulated: TLS, token validation and expiry, sessions, topics and subscriptions,
-transactions, link redirects, rules, ``get-message-sessions``, message size quotas
-per entity. proton's container is not thread-safe: every state change here runs on
-the container thread, and timers (lock expiry, TTL, scheduled messages) are a
-periodic container task, not threads.
+Not emulated, refused at attach: sessions (a receiver whose session mode does not
+fit the queue gets Service Bus' own ``amqp:not-allowed``; a session receiver on a
+session queue ``amqp:not-implemented``), topics and subscriptions, queues that set
+duplicate detection or auto-forwarding. Not emulated at all: TLS, token validation
+and expiry, transactions, link redirects, rules, ``get-message-sessions``, message
+size quotas per entity. proton's container is not thread-safe: every state change
+here runs on the container thread, and timers (lock expiry, TTL, scheduled
+messages) are a periodic container task, not threads.
 """
 
 from __future__ import annotations
@@ -71,7 +79,16 @@ from .broker import (
     StoredMessage,
     SubQueue,
 )
-from .codec import Section, inspect, ms_timestamp, render, split_sections, unpack
+from .codec import (
+    Section,
+    inspect,
+    ms_timestamp,
+    render,
+    service_decimals,
+    split_sections,
+    unpack,
+)
+from .wire import RewritingIOHandler
 
 __all__ = ["MAX_MESSAGE_SIZE", "ServiceBusEmulator"]
 
@@ -90,6 +107,8 @@ LOCK_LOST_TEXT = (
 )
 DEAD_LETTER = "com.microsoft:dead-letter"
 OP_PREFIX = "com.microsoft:"
+SESSIONS_UNSUPPORTED = "Sessions are not supported by this emulator."
+TOPICS_UNSUPPORTED = "Topics and subscriptions are not supported by this emulator."
 
 
 def entity_path(address: str | None) -> str:
@@ -172,6 +191,9 @@ class ServiceBusEmulator(Handler):
     def run(self) -> None:
         """Listen and serve until :meth:`stop` or an exception (e.g. from a signal)."""
         self._container = Container(self)
+        # Between each socket and proton: delivery-ids as Service Bus takes them,
+        # full error fields, a plain answer to WebSocket (see .frames and .wire).
+        self._container.global_handler = RewritingIOHandler()
         self._container.run()
 
     def request_stop(self) -> None:
@@ -333,23 +355,59 @@ class ServiceBusEmulator(Handler):
         elif lowered.endswith("/$management"):
             link.sb_kind = "mgmt"
             link.sb_node = path
-            link.sb_entity = self.broker.entity(path[: -len("/$management")])
+            link.sb_entity = self._entity(path[: -len("/$management")])
         else:
-            entity = self.broker.entity(path)
+            entity = self._entity(path)
             link.sb_entity = entity
             if link.is_receiver:
                 if entity.is_dead_letter:
                     raise _Refused("amqp:not-allowed", "Cannot send to a dead-letter queue.")
                 link.sb_kind = "producer"
             else:
-                if entity.queue.properties.requires_session or _has_session_filter(link):
-                    raise _Refused(
-                        "amqp:not-implemented", "Sessions are not supported by this emulator."
-                    )
+                self._check_session_mode(entity, _has_session_filter(link))
                 link.sb_kind = "consumer"
                 # snd-settle-mode settled (1) = ReceiveAndDelete; otherwise PeekLock.
                 link.sb_lock = link.remote_snd_settle_mode != 1
                 self._consumers.setdefault(id(entity), []).append(link)
+
+    def _entity(self, path: str) -> SubQueue:
+        """The sub-queue at ``path``; features the emulator does not have are refused."""
+        parts = [p for p in path.split("/") if p]
+        if len(parts) >= 3 and parts[1].casefold() == "subscriptions":
+            raise _Refused("amqp:not-implemented", TOPICS_UNSUPPORTED)
+        if parts and parts[0].casefold() in self.broker.config.topics:
+            raise _Refused("amqp:not-implemented", TOPICS_UNSUPPORTED)
+        entity = self.broker.entity(path)
+        unsupported = entity.queue.properties.unsupported
+        if unsupported:
+            raise _Refused(
+                "amqp:not-implemented",
+                f"The queue '{entity.queue.name}' sets {', '.join(unsupported)}, which this "
+                "emulator does not support (duplicate detection and auto-forwarding are "
+                "not emulated).",
+            )
+        return entity
+
+    @staticmethod
+    def _check_session_mode(entity: SubQueue, session_receiver: bool) -> None:
+        """Refuse a receiver whose session mode does not fit the queue, as Service Bus does."""
+        requires_session = entity.queue.properties.requires_session
+        if session_receiver and not requires_session:
+            # Service Bus' own refusal (an InvalidOperationException, amqp:not-allowed).
+            raise _Refused(
+                "amqp:not-allowed",
+                "A sessionful message receiver cannot be created on an entity that does not "
+                "require sessions. Ensure RequiresSession is set to true when creating a Queue "
+                "or Subscription to enable sessionful behavior.",
+            )
+        if requires_session and not session_receiver:
+            raise _Refused(
+                "amqp:not-allowed",
+                "It is not possible for an entity that requires sessions to create a "
+                "non-sessionful message receiver.",
+            )
+        if session_receiver:
+            raise _Refused("amqp:not-implemented", SESSIONS_UNSUPPORTED)
 
     def _refuse(self, link: Any, condition: str, description: str) -> None:
         # As the spec (and Service Bus) do: attach with a null terminus, then detach
@@ -440,6 +498,13 @@ class ServiceBusEmulator(Handler):
             delivery_count=message.delivery_count,
             annotations=annotations,
             application_properties=message.dead_letter_properties or None,
+            # Service Bus names the lock in the delivery annotations too (the SDK's
+            # ServiceBusReceivedMessage.lock_token falls back to it).
+            delivery_annotations=(
+                {"x-opt-lock-token": message.lock_token}
+                if locked and message.lock_token is not None
+                else None
+            ),
         )
 
     # -- deliveries ---------------------------------------------------------------------------
@@ -491,7 +556,7 @@ class ServiceBusEmulator(Handler):
                 f"The message size {len(payload)} exceeds the limit of {MAX_MESSAGE_SIZE} bytes.",
             )
         try:
-            messages = unpack(payload)
+            messages = [service_decimals(sections) for sections in unpack(payload)]
         except ValueError as exc:
             return Delivery.REJECTED, _condition("amqp:decode-error", str(exc))
         now = self.clock()
@@ -530,6 +595,14 @@ class ServiceBusEmulator(Handler):
                 return
         entity: SubQueue = delivery.sb_entity
         delivery.sb_done = True
+        if getattr_safe(delivery.link, "sb_kind") != "consumer":
+            # The link detached: Service Bus drops its unsettled deliveries then
+            # (azure-amqp's SessionChannel.OnLinkClosed), so a later disposition for
+            # them matches nothing, changes nothing and gets no answer; the lock
+            # stays until it expires or is settled over $management. The delivery
+            # is left unsettled here (answering would send an outcome); proton frees
+            # it with its connection.
+            return
         now = self.clock()
         remote = delivery.remote
         try:
@@ -668,7 +741,7 @@ class ServiceBusEmulator(Handler):
                     raw = item.get("message") if isinstance(item, dict) else None
                     if raw is None:
                         raise _MgmtError(400, "com.microsoft:argument-error", "message missing")
-                    sections = split_sections(bytes(raw))
+                    sections = service_decimals(split_sections(bytes(raw)))
                     seqs.append(self._enqueue(entity, sections, now).sequence_number)
                 self._pump_entity(entity)
                 return {"sequence-numbers": _array(Data.LONG, seqs)}
@@ -773,11 +846,18 @@ def _uuid(value: Any) -> uuid.UUID:
 
 
 def _has_session_filter(link: Any) -> bool:
+    """Whether the attach asks for a session (``com.microsoft:session-filter``)."""
+    data = link.remote_source.filter
     try:
-        filters = link.remote_source.filter.get_object()
-    except Exception:
+        data.rewind()
+        if data.next() is None:
+            return False
+        filters = data.get_object()
+    except Exception:  # an undecodable filter set is no session filter
         return False
-    return bool(filters) and any("session-filter" in str(key) for key in dict(filters))
+    return isinstance(filters, dict) and any(
+        str(key) == "com.microsoft:session-filter" for key in filters
+    )
 
 
 def _dead_letter_details(condition: Condition | None) -> tuple[str | None, str | None]:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -52,6 +53,8 @@ __all__ = [
     "StoredMessage",
     "SubQueue",
 ]
+
+_log = logging.getLogger("leasekit.emulators.servicebus")
 
 DEAD_LETTER_SUFFIX = "$deadletterqueue"
 MAX_DELIVERY_REASON = "MaxDeliveryCountExceeded"
@@ -574,6 +577,9 @@ class Broker:
         if queue is not None:
             return queue
         if create and self.config.may_auto_create(name) and "$" not in name and name:
+            # Service Bus would answer MessagingEntityNotFound: say loudly that this
+            # name (a typo, a topic?) became a queue.
+            _log.warning("AutoCreateQueues: created queue %r on first use", name)
             return self.create_queue(name)
         raise EntityNotFound(name)
 

@@ -21,6 +21,8 @@ from leasekit.emulators._process import LOOPBACK, ServerProcess, free_port, pyth
 
 #: A queue declared in the emulator's config file (LockDuration 1 s, MaxDeliveryCount 2).
 DECLARED_QUEUE = "declared-short-lock"
+#: A topic declared in the config file: the emulator refuses links to it (no topics).
+DECLARED_TOPIC = "declared-topic"
 
 _PROPERTY_NAMES = {
     "lock_duration": "LockDuration",
@@ -88,7 +90,7 @@ def servicebus_server(
                             "Properties": {"LockDuration": "PT1S", "MaxDeliveryCount": 2},
                         }
                     ],
-                    "Topics": [],
+                    "Topics": [{"Name": DECLARED_TOPIC, "Subscriptions": []}],
                 }
             ]
         },
