@@ -66,11 +66,12 @@ Delivery semantics:
     receiver and locked to it; the SDK releases it (no delivery-count increase)
     when it next reads the socket outside a receive (its keep-alive, every 5 s), or
     the next receive returns it. A message returned after its lock already ended is
-    dropped here (the service redelivers it). (2) The SDK is not thread-safe per
-    handler: receives are serialised, and settlements and renewals are serialised
-    on a second lock, so at most one receive and one settle/renew run at once (the
-    pattern the SDK's own ``AutoLockRenewer`` uses); a long receive never delays a
-    renewal.
+    dropped here (the service redelivers it). (2) Receives on the one link run one
+    at a time (the SDK hands the link's messages to whichever call reads them);
+    settlements and renewals run beside them and beside each other, as the SDK's
+    own ``AutoLockRenewer`` renews from a thread pool while the application
+    receives and settles. A settle or renewal waits at most ``SOCKET_TIMEOUT`` for
+    a receive's blocking socket read.
 
     Creating and deleting queues: real Service Bus manages entities over HTTPS
     (``ServiceBusAdministrationClient``, needs Manage rights); a connection string
@@ -123,7 +124,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,13 +169,10 @@ MAX_LOCK_DURATION = 300.0
 #: Default longest wait of one receive call; longer waits are core's loop. Short
 #: enough that close() and a stop are noticed quickly, long enough to cost few calls.
 DEFAULT_MAX_WAIT = 1.0
-#: One turn of a receive on the receiver's connection; a settle or renewal
-#: waits at most about this long (plus the SDK's 0.2 s batch top-up after a
-#: first message). Shorter turns cost more flow frames when idle.
-RECEIVE_SLICE = 0.1
 #: The receiver's socket read timeout (the SDK's ``socket_timeout``, 0.2 s by
-#: default): a receive turn cannot end sooner than one read, and each wake-up
-#: costs a little CPU while idle.
+#: default). The SDK holds its socket lock through each blocking read, so a
+#: settle or renewal beside a waiting receive waits up to this long to write;
+#: shorter costs more wake-ups while idle.
 SOCKET_TIMEOUT = 0.05
 #: The SDK refuses a zero wait; a "return at once" receive waits this long
 #: (a message already pushed to the link is returned within a millisecond).
@@ -258,56 +256,6 @@ class _Held:
     message: Any
     receiver: Any
     locked_until: float
-
-
-class _Gate:
-    """Turns on the receiver's connection: one SDK call at a time, settles and renewals first.
-
-    The SDK holds its socket lock through each blocking read, so a settle or a
-    renewal running beside a receive waits for that read to time out, call after
-    call. Here they never overlap: a receive takes a short turn only when no
-    settle or renewal waits, and a waiting one goes next.
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._busy = False
-        self._waiting = 0
-
-    @contextlib.contextmanager
-    def priority(self) -> Iterator[None]:
-        """Hold the connection for a settle or renewal (waits for a receive's turn to end)."""
-        with self._cond:
-            self._waiting += 1
-            try:
-                while self._busy:
-                    self._cond.wait()
-            finally:
-                self._waiting -= 1
-            self._busy = True
-        try:
-            yield
-        finally:
-            self._release()
-
-    def take_turn(self, timeout: float) -> bool:
-        """Hold the connection for one receive turn; ``False`` if none came within ``timeout``."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while self._busy or self._waiting:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                self._cond.wait(remaining)
-            self._busy = True
-            return True
-
-    def _release(self) -> None:
-        with self._cond:
-            self._busy = False
-            self._cond.notify_all()
-
-    end_turn = _release
 
 
 def _installed(module: str) -> bool:
@@ -478,7 +426,7 @@ class ServiceBusDriver(Driver):
         self._receiver: Any = None
         self._setup_lock = threading.Lock()
         self._send_lock = threading.Lock()
-        self._gate = _Gate()
+        self._receive_lock = threading.Lock()
         self._held_lock = threading.Lock()
         self._held: dict[str, _Held] = {}
         self._checked_lock = False
@@ -667,21 +615,22 @@ class ServiceBusDriver(Driver):
         deadline = time.monotonic() + wait
         while True:
             remaining = deadline - time.monotonic()
-            # Receives share one link, so they take turns in short slices: each
-            # call still returns within its own wait, however many threads lease.
-            if not self._gate.take_turn(max(remaining, 0.0)):
+            # Receives share one link and the SDK gives their messages to whichever
+            # call reads them, so one at a time; each still returns within its own
+            # wait. Settles and renewals do not wait for them.
+            if not self._receive_lock.acquire(timeout=max(remaining, 0.0)):
                 return []
             try:
                 receiver = self._get_receiver()
                 messages = receiver.receive_messages(
                     max_message_count=max_messages,
-                    max_wait_time=min(max(remaining, MIN_WAIT), RECEIVE_SLICE),
+                    max_wait_time=max(deadline - time.monotonic(), MIN_WAIT),
                 )
             except Exception as exc:
                 self._settle_error(exc)  # notes a missing queue for later settles
                 raise
             finally:
-                self._gate.end_turn()
+                self._receive_lock.release()
             self._entity_missing = False
             raws = self._hold(receiver, messages)
             if raws or time.monotonic() >= deadline:
@@ -772,8 +721,7 @@ class ServiceBusDriver(Driver):
         """Complete/abandon/dead-letter on the receiving link; forget the token when done."""
         held = self._lookup(receipt)
         try:
-            with self._gate.priority():
-                getattr(held.receiver, action)(held.message, **kwargs)
+            getattr(held.receiver, action)(held.message, **kwargs)
         except Exception as exc:
             failure = self._lock_call_failed(receipt, exc)
             if failure is exc:
@@ -804,8 +752,7 @@ class ServiceBusDriver(Driver):
         """``renew_message_lock``: the lock runs for the queue's LockDuration from now."""
         held = self._lookup(receipt)
         try:
-            with self._gate.priority():
-                until = held.receiver.renew_message_lock(held.message)
+            until = held.receiver.renew_message_lock(held.message)
         except Exception as exc:
             failure = self._lock_call_failed(receipt, exc)
             if failure is exc:
@@ -834,8 +781,7 @@ class ServiceBusDriver(Driver):
                 self._renew_each(receipts, group, results)
                 continue
             try:
-                with self._gate.priority():
-                    response = renew_many(*[str(h.message.lock_token) for _, h in group])
+                response = renew_many(*[str(h.message.lock_token) for _, h in group])
                 expirations = _expirations(response)
             except Exception as exc:
                 if self.error_code(exc) is ErrorCode.LEASE_LOST or (
@@ -1057,7 +1003,7 @@ class ServiceBusDriver(Driver):
         if self._closed:
             return
         self._closed = True
-        with self._gate.priority(), self._send_lock, self._setup_lock:
+        with self._receive_lock, self._send_lock, self._setup_lock:
             handlers = [self._receiver, self._sender, self._client]
             self._receiver = self._sender = self._client = None
             with self._held_lock:
