@@ -1,7 +1,8 @@
 """An Azure Service Bus emulator speaking AMQP 1.0, for tests without Docker.
 
-Run it with ``python -m leasekit.emulators.servicebus --port 5672 [--config queues.json]``
-and connect the real ``azure-servicebus`` SDK (sync or aio, >= 7.15) with::
+Run it with ``python -m leasekit.emulators.servicebus --port 5672 --http-port 5300
+[--config queues.json]`` and connect the real ``azure-servicebus`` SDK (sync or aio,
+>= 7.15) with::
 
     Endpoint=sb://127.0.0.1:5672;SharedAccessKeyName=RootManageSharedAccessKey;
     SharedAccessKey=SAS_KEY_VALUE;UseDevelopmentEmulator=true
@@ -19,7 +20,11 @@ tests expect it (details in :mod:`.broker`, semantics, and :mod:`.amqp`, the wir
   ``System.Decimal``), the sender's delivery annotations passed on, and
   ``x-opt-lock-token`` in the delivery annotations of a locked message;
 * a settle on a receive link that has detached changes nothing (the SDK then
-  settles over ``$management``, which works while the lock lasts).
+  settles over ``$management``, which works while the lock lasts);
+* entity management over HTTP with the real service's ATOM bodies, on a second
+  port (``--http-port``, 5300 by default as on Microsoft's emulator), for
+  ``ServiceBusAdministrationClient`` (:mod:`.admin`; :func:`admin_client` makes
+  one that speaks plain HTTP to it).
 
 Not emulated, each refused at once with a clear error, never emulated silently:
 
@@ -49,6 +54,8 @@ Deviations worth knowing:
   as ``ServiceBusReceivedMessage.delivery_count`` (the .NET and Java SDKs add one).
 """
 
+from typing import Any
+
 from .broker import Broker, EntityNotFound, LockLost
 from .config import EmulatorConfig, QueueProperties, load_config, parse_config
 
@@ -58,6 +65,7 @@ __all__ = [
     "EntityNotFound",
     "LockLost",
     "QueueProperties",
+    "admin_client",
     "connection_string",
     "load_config",
     "parse_config",
@@ -77,4 +85,32 @@ def connection_string(host: str, port: int) -> str:
     return (
         f"Endpoint=sb://{host}:{port};SharedAccessKeyName=RootManageSharedAccessKey;"
         "SharedAccessKey=SAS_KEY_VALUE;UseDevelopmentEmulator=true"
+    )
+
+
+def admin_client(host: str, http_port: int) -> Any:
+    """A ``ServiceBusAdministrationClient`` for the emulator's management port.
+
+    azure-servicebus (7.15) builds ``https://`` URLs for management even with
+    ``UseDevelopmentEmulator=true`` (only .NET's admin client speaks plain HTTP to
+    an emulator), so the client gets a transport that sends them as ``http://``.
+
+    Parameters:
+        host: the emulator's address.
+        http_port: its ``--http-port``.
+
+    Returns:
+        The client (a context manager).
+    """
+    from azure.core.pipeline.transport import RequestsTransport
+    from azure.servicebus.management import ServiceBusAdministrationClient
+
+    class PlainHttp(RequestsTransport):  # type: ignore[misc]
+        def send(self, request: Any, **kwargs: Any) -> Any:
+            if request.url.startswith("https://"):
+                request.url = "http://" + request.url[len("https://") :]
+            return super().send(request, **kwargs)
+
+    return ServiceBusAdministrationClient.from_connection_string(
+        connection_string(host, http_port), transport=PlainHttp()
     )

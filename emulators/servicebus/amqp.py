@@ -26,8 +26,9 @@ Emulated on the wire:
       ``peek-message``, ``receive-by-sequence-number``, ``update-disposition``,
       ``schedule-message``, ``cancel-scheduled-message``; lock lost gives status 410
       with ``errorCondition`` ``com.microsoft:message-lock-lost``;
-    * emulator-only operations on ``$management``: ``leasekit:create-queue`` (body map
-      ``name``, ``properties`` in Config.json style) and ``leasekit:delete-queue``;
+    * entity management over HTTP on a second port, as ``ServiceBusAdministrationClient``
+      calls it (:mod:`.admin`); a deleted queue's links are detached with
+      ``amqp:not-found``;
     * an unknown entity gets its attach answered and then detached with
       ``amqp:not-found`` (the SDK raises ``MessagingEntityNotFoundError``);
     * delivery-ids as Service Bus takes them (out of order or repeated), proton-made
@@ -68,14 +69,17 @@ from proton import (
     int32,
     symbol,
 )
-from proton.reactor import Container
+from proton.reactor import ApplicationEvent, Container, EventInjector
 
+from .admin import AdminHttpServer, AdminRequest
+from .admin import handle as handle_admin
 from .broker import (
     Broker,
     EntityNotFound,
     LockLost,
     MessageNotFound,
     MessageState,
+    Queue,
     StoredMessage,
     SubQueue,
 )
@@ -163,6 +167,8 @@ class ServiceBusEmulator(Handler):
         broker: queue state and semantics.
         host: address to listen on.
         port: port to listen on.
+        http_port: port of the management API over HTTP (:mod:`.admin`), bound at
+            once; ``None`` serves none.
         clock: the time source (``time.time``); tests may pass another.
     """
 
@@ -172,6 +178,7 @@ class ServiceBusEmulator(Handler):
         host: str = "127.0.0.1",
         port: int = 5672,
         *,
+        http_port: int | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__()
@@ -179,6 +186,10 @@ class ServiceBusEmulator(Handler):
         self.host = host
         self.port = port
         self.clock = clock
+        self._injector = EventInjector()
+        self._http = (
+            AdminHttpServer(host, http_port, self._submit_admin) if http_port is not None else None
+        )
         self._consumers: dict[int, list[Any]] = {}  # id(SubQueue) -> consumer links
         self._entity_links: dict[int, list[Any]] = {}  # id(Queue) -> every link bound to it
         self._acceptor: Any = None
@@ -194,7 +205,13 @@ class ServiceBusEmulator(Handler):
         # Between each socket and proton: delivery-ids as Service Bus takes them,
         # full error fields, a plain answer to WebSocket (see .frames and .wire).
         self._container.global_handler = RewritingIOHandler()
-        self._container.run()
+        if self._http is not None:
+            self._http.start()
+        try:
+            self._container.run()
+        finally:
+            if self._http is not None:
+                self._http.stop()
 
     def request_stop(self) -> None:
         """Ask the event loop to stop at its next tick (safe from a signal handler).
@@ -207,6 +224,7 @@ class ServiceBusEmulator(Handler):
     def stop(self) -> None:
         """Stop listening and close every connection (call on the container thread)."""
         self._closing = True
+        self._injector.close()
         if self._acceptor is not None:
             self._acceptor.close()
         if self._container is not None:
@@ -214,9 +232,35 @@ class ServiceBusEmulator(Handler):
 
     def on_reactor_init(self, event: Any) -> None:
         """Start listening and the timer."""
+        event.container.selectable(self._injector)
         self._acceptor = event.container.listen(f"{self.host}:{self.port}")
         event.container.schedule(TICK_SECONDS, self)
         _log.info("Service Bus emulator listening on %s:%s", self.host, self.port)
+        if self._http is not None:
+            _log.info("management API (HTTP) on %s:%s", self.host, self._http.port)
+
+    # -- management over HTTP -------------------------------------------------------------
+
+    def _submit_admin(self, request: AdminRequest) -> None:
+        """From an HTTP thread: hand ``request`` to the container thread."""
+        self._injector.trigger(ApplicationEvent("sb_admin", subject=request))
+
+    def on_sb_admin(self, event: Any) -> None:
+        """Answer a management request on the container thread (it owns the broker)."""
+        request: AdminRequest = event.subject
+        try:
+            request.response = handle_admin(self.broker, request, self._queue_deleted)
+        finally:
+            request.done.set()
+
+    def _queue_deleted(self, queue: Queue) -> None:
+        """Detach every link of a deleted queue with ``amqp:not-found``."""
+        for link in list(self._entity_links.get(id(queue), [])):
+            self._forget_link(link)
+            link.condition = _condition(
+                "amqp:not-found", f"The messaging entity '{queue.name}' was deleted."
+            )
+            link.close()
 
     def on_timer_task(self, event: Any) -> None:
         """Apply lock expiry, TTL and scheduled enqueue; feed waiting receivers."""
@@ -349,9 +393,6 @@ class ServiceBusEmulator(Handler):
         if lowered == "$cbs":
             link.sb_kind = "cbs"
             link.sb_node = path
-        elif lowered == "$management":
-            link.sb_kind = "admin"
-            link.sb_node = path
         elif lowered.endswith("/$management"):
             link.sb_kind = "mgmt"
             link.sb_node = path
@@ -432,7 +473,7 @@ class ServiceBusEmulator(Handler):
             return
         if kind == "consumer":
             self._pump_link(link)
-        elif kind in ("cbs", "mgmt", "admin"):
+        elif kind in ("cbs", "mgmt"):
             self._flush_replies(link)
 
     def _pump_entity(self, entity: SubQueue) -> None:
@@ -533,7 +574,7 @@ class ServiceBusEmulator(Handler):
         try:
             if kind == "producer":
                 outcome = self._accept_send(link.sb_entity, payload)
-            elif kind in ("cbs", "mgmt", "admin"):
+            elif kind in ("cbs", "mgmt"):
                 self._on_request(link, payload)
             else:
                 outcome = (Delivery.REJECTED, _condition("amqp:not-allowed", "link is closed"))
@@ -573,6 +614,7 @@ class ServiceBusEmulator(Handler):
             ttl=info.ttl,
             scheduled_at=info.scheduled_at,
             message_id=info.message_id,
+            size=sum(len(section.raw) for section in sections),
         )
 
     def _on_disposition(self, delivery: Any) -> None:
@@ -648,10 +690,7 @@ class ServiceBusEmulator(Handler):
             )
         else:
             try:
-                if kind == "admin":
-                    body = self._admin(operation, request.body or {})
-                else:
-                    body = self._management(link.sb_entity, operation, request.body or {})
+                body = self._management(link.sb_entity, operation, request.body or {})
                 status, description = (200, "OK") if body is not None else (204, "No Content")
                 reply = Message(
                     properties={"statusCode": int32(status), "statusDescription": description},
@@ -674,7 +713,7 @@ class ServiceBusEmulator(Handler):
         link = conn.link_head(Endpoint.LOCAL_ACTIVE | Endpoint.REMOTE_ACTIVE)
         fallback = None
         while link is not None:
-            if link.is_sender and getattr_safe(link, "sb_kind") in ("cbs", "mgmt", "admin"):
+            if link.is_sender and getattr_safe(link, "sb_kind") in ("cbs", "mgmt"):
                 if entity_path(link.remote_source.address).casefold() == target:
                     break
                 fallback = fallback or link
@@ -776,36 +815,6 @@ class ServiceBusEmulator(Handler):
             )
         else:
             raise ValueError(f"unknown disposition-status {status!r}")
-
-    def _admin(self, operation: str, body: Any) -> Any:
-        if not isinstance(body, dict):
-            raise _MgmtError(400, "com.microsoft:argument-error", "The request body must be a map.")
-        name = _text(body.get("name")) or ""
-        try:
-            if operation == "leasekit:create-queue":
-                props = body.get("properties") or {}
-                properties = self.broker.config.default_properties.updated(
-                    {str(k): v for k, v in dict(props).items()}
-                )
-                self.broker.create_queue(name, properties)
-                return {"name": name}
-            if operation == "leasekit:delete-queue":
-                queue = self.broker.queue(name, create=False)
-                self.broker.delete_queue(name)
-                for link in list(self._entity_links.get(id(queue), [])):
-                    self._forget_link(link)
-                    link.condition = _condition(
-                        "amqp:not-found", f"The messaging entity '{name}' was deleted."
-                    )
-                    link.close()
-                return {"name": name}
-        except EntityNotFound as exc:
-            raise _MgmtError(404, "amqp:not-found", f"queue {name!r} not found") from exc
-        except ValueError as exc:
-            raise _MgmtError(400, "com.microsoft:argument-error", str(exc)) from exc
-        raise _MgmtError(
-            501, "amqp:not-implemented", f"The operation {operation!r} is not supported."
-        )
 
 
 class _Refused(Exception):

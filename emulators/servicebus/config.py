@@ -169,8 +169,7 @@ class QueueProperties:
                 if _matters(name, value):
                     unsupported.append(key)
                     notes.append(
-                        f"{key}={value!r} is not supported by this emulator "
-                        f"({_UNSUPPORTED[name]}); the queue refuses links"
+                        f"{key}={value!r} is not supported by this emulator ({_UNSUPPORTED[name]})"
                     )
                 continue
             if name not in _KNOWN:
@@ -242,6 +241,7 @@ class EmulatorConfig:
             are not emulated), not taken for missing or auto-created queues.
         warnings: what the file asked for that the emulator ignores or refuses, one
             sentence each (logged at startup).
+        namespace: the namespace name (the first ``Namespaces`` entry's ``Name``).
     """
 
     queues: dict[str, QueueProperties] = field(default_factory=dict)
@@ -249,6 +249,7 @@ class EmulatorConfig:
     default_properties: QueueProperties = field(default_factory=QueueProperties)
     topics: frozenset[str] = frozenset()
     warnings: list[str] = field(default_factory=list)
+    namespace: str = "sbemulatorns"
 
     def may_auto_create(self, name: str) -> bool:
         """Whether a queue called ``name`` is created when first used.
@@ -295,7 +296,9 @@ def parse_config(document: dict[str, Any]) -> EmulatorConfig:
     topics: list[str] = []
     if "Queues" in document:
         queue_lists.append(document["Queues"])
-    for namespace in (document.get("UserConfig") or {}).get("Namespaces") or []:
+    for index, namespace in enumerate((document.get("UserConfig") or {}).get("Namespaces") or []):
+        if index == 0 and namespace.get("Name"):
+            config.namespace = str(namespace["Name"])
         queue_lists.append(namespace.get("Queues") or [])
         for topic in namespace.get("Topics") or []:
             name = topic.get("Name") if isinstance(topic, dict) else None
@@ -310,7 +313,11 @@ def parse_config(document: dict[str, Any]) -> EmulatorConfig:
             config.queues[name] = config.default_properties.updated(
                 queue.get("Properties") or {}, notes
             )
-            config.warnings.extend(f"queue {name!r}: {note}" for note in notes)
+            config.warnings.extend(
+                f"queue {name!r}: {note}"
+                + ("; the queue refuses links" if "not supported" in note else "")
+                for note in notes
+            )
     if topics:
         config.topics = frozenset(t.casefold() for t in topics)
         config.warnings.append(

@@ -34,6 +34,7 @@ def queue(servicebus_server: Any) -> Iterator[Queue]:
         create=True,
         connection_string=servicebus_server.connection_string,
         lock_duration=LOCK,
+        admin_port=servicebus_server.http_port,
     )
     try:
         yield q

@@ -86,9 +86,10 @@ def body(message: Any) -> bytes:
 def test_auto_lock_renewer_keeps_fifty_locks_of_one_receiver(
     client: ServiceBusClient, servicebus_server: Any
 ) -> None:
-    # 3 s: the renewer renews 0.75 x the whole seconds left before expiry and its
-    # dispatcher sleeps 0.5 s between rounds, so shorter locks race its own timing.
-    queue = servicebus_server.create_queue(lock_duration=3)
+    # 5 s, Service Bus' shortest lock: the renewer renews 0.75 x the whole seconds
+    # left before expiry and its dispatcher sleeps 0.5 s between rounds, so shorter
+    # locks race its own timing on a loaded machine.
+    queue = servicebus_server.create_queue(lock_duration=5)
     send(client, queue, *(ServiceBusMessage(f"m{i}") for i in range(50)))
     failures: list[tuple[Any, BaseException | None]] = []
     renewer = AutoLockRenewer(
@@ -228,12 +229,12 @@ UNSUPPORTED = [
 
 
 def entity_for(server: Any, kind: str) -> str:
-    from _fixtures.servicebus import DECLARED_TOPIC
+    from _fixtures.servicebus import DECLARED_DEDUP_QUEUE, DECLARED_TOPIC
 
     if kind == "session-queue":
-        return str(server.create_queue(RequiresSession=True))
+        return str(server.create_queue(requires_session=True))
     if kind == "duplicate-detection":
-        return str(server.create_queue(RequiresDuplicateDetection=True))
+        return DECLARED_DEDUP_QUEUE
     if kind == "topic":
         return DECLARED_TOPIC
     return f"{DECLARED_TOPIC}/Subscriptions/sub"
