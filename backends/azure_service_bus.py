@@ -70,9 +70,9 @@ Delivery semantics:
     one handler (its own ``AutoLockRenewer`` renews from a thread pool), but it
     holds its socket lock through each blocking read, so calls side by side wait
     for each other's reads: the driver takes turns on the receiver's connection,
-    one SDK call at a time, settles and renewals before receives, which is about
-    25 times faster under a Consumer than letting them overlap (measured in
-    docs/benchmarks/azure_service_bus.md).
+    one SDK call at a time, settles and renewals before receives, which is 9 to 23
+    times faster under a Consumer (1 to 8 threads) than letting them overlap
+    (measured in docs/benchmarks/azure_service_bus.md).
 
     Creating and deleting queues: ``ServiceBusAdministrationClient`` (needs Manage
     rights), over HTTPS on Service Bus. With ``UseDevelopmentEmulator=true`` it is
@@ -268,11 +268,11 @@ class _Gate:
     ``AutoLockRenewer`` renews from a thread pool, and the service accepts the
     management transfers that come out of order then). For speed: the SDK holds
     its socket lock through each blocking read, so calls running side by side
-    wait for each other's reads to time out, call after call (a Consumer with 8
-    threads completed 49 msg/s that way, against 1,287 taking turns; see
-    docs/benchmarks/azure_service_bus.md). Here they never overlap: a receive
-    takes a short turn only when no settle or renewal waits, and a waiting one
-    goes next.
+    wait for each other's reads to time out, call after call (a Consumer
+    completed 175 msg/s with 1 thread and 61 with 8 that way, against 1,522 and
+    1,405 taking turns; see docs/benchmarks/azure_service_bus.md). Here they
+    never overlap: a receive takes a short turn only when no settle or renewal
+    waits, and a waiting one goes next.
     """
 
     def __init__(self) -> None:
