@@ -129,7 +129,7 @@ def test_concurrent_peeks_and_renewals_from_threads_on_one_receiver(
         def work(message: Any) -> None:
             try:
                 start.wait()
-                for _ in range(10):
+                for _ in range(5):
                     assert len(receiver.peek_messages(8, sequence_number=1)) == 8
                     receiver.renew_message_lock(message)
             except BaseException as exc:  # collected, asserted below
@@ -172,6 +172,57 @@ async def _concurrent_tasks(server: Any) -> None:
             await asyncio.gather(*(work(m) for m in messages))
             for message in messages:
                 await receiver.complete_message(message)
+
+
+def test_frame_rewriter_numbers_transfers_as_proton_expects_and_answers_with_the_clients_ids() -> (
+    None
+):
+    # The same, frame by frame and deterministic: ids 5, 5 (twice), 7, 6 arrive; proton sees
+    # 5, 6, 7, 8; a disposition for 6..8 goes back as the client's 5, then 7, then 6.
+    import struct
+
+    from leasekit.emulators.servicebus.frames import FrameRewriter
+
+    def frame(channel: int, code: int, fields: bytes, count: int) -> bytes:
+        body = bytes((0x00, 0x53, code, 0xC0, len(fields) + 1, count)) + fields
+        return struct.pack(">IBBH", 8 + len(body), 2, 0, channel) + body
+
+    def uint(value: int) -> bytes:
+        return b"\x70" + struct.pack(">I", value)
+
+    def transfer(delivery_id: int) -> bytes:  # handle 0, id, tag, format 0, unsettled
+        return frame(0, 0x14, uint(0) + uint(delivery_id) + b"\xa0\x01t" + uint(0) + b"\x42", 5)
+
+    header = b"AMQP\x00\x01\x00\x00"
+    rewriter = FrameRewriter()
+    seen = rewriter.incoming(
+        header + frame(0, 0x11, b"\x40" + uint(5), 2) + b"".join(transfer(i) for i in (5, 5, 7, 6))
+    )
+    assert [fields[1] for code, fields in _frames(seen) if code == 0x14] == [5, 6, 7, 8]
+
+    rewriter.outgoing(header + frame(0, 0x11, b"\x60\x00\x00" + uint(0), 2))
+    out = rewriter.outgoing(frame(0, 0x15, b"\x41" + uint(6) + uint(8) + b"\x41", 4))
+    assert [(fields[1], fields[2]) for _, fields in _frames(out)] == [(5, 5), (7, 7), (6, 6)]
+
+
+def _frames(stream: bytes) -> list[tuple[int, list[Any]]]:
+    """Each AMQP frame's performative code and fields, decoded by proton."""
+    import struct
+
+    from proton import Data
+
+    frames: list[tuple[int, list[Any]]] = []
+    pos = 8 if stream.startswith(b"AMQP") else 0
+    while pos < len(stream):
+        size = struct.unpack(">I", stream[pos : pos + 4])[0]
+        data = Data()
+        data.decode(stream[pos + 8 : pos + size])
+        data.rewind()
+        data.next()
+        described = data.get_object()
+        frames.append((int(described.descriptor), list(described.value)))
+        pos += size
+    return frames
 
 
 # -- 2. AutoCreateQueues ------------------------------------------------------------------------
