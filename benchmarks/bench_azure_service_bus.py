@@ -37,6 +37,7 @@ Run (about 3 minutes here)::
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import platform
 import secrets
@@ -58,8 +59,7 @@ from azure.servicebus import __version__ as sdk_version
 
 import leasekit
 from leasekit.emulators._process import LOOPBACK, ServerProcess, free_port, python_module
-from leasekit.emulators.servicebus import connection_string
-from leasekit.emulators.servicebus.admin import create_queue, delete_queue
+from leasekit.emulators.servicebus import admin_client, connection_string
 
 BODY = b"x" * 256
 BATCH = 32
@@ -68,6 +68,7 @@ BATCH = 32
 class Emulator:
     def __init__(self) -> None:
         self.port = free_port()
+        self.http_port = free_port()
         config = {
             "UserConfig": {"Namespaces": [{"Name": "bench", "Queues": [], "Topics": []}]},
             "Emulator": {"AutoCreateQueues": False},
@@ -81,6 +82,8 @@ class Emulator:
             LOOPBACK,
             "--port",
             str(self.port),
+            "--http-port",
+            str(self.http_port),
             "--config",
             str(path),
             "--log-level",
@@ -91,11 +94,13 @@ class Emulator:
 
     def queue(self, lock: float) -> str:
         name = f"bench-{secrets.token_hex(4)}"
-        create_queue(LOOPBACK, self.port, name, {"LockDuration": f"PT{lock:g}S"})
+        with admin_client(LOOPBACK, self.http_port) as admin:
+            admin.create_queue(name, lock_duration=datetime.timedelta(seconds=lock))
         return name
 
     def drop(self, name: str) -> None:
-        delete_queue(LOOPBACK, self.port, name)
+        with admin_client(LOOPBACK, self.http_port) as admin:
+            admin.delete_queue(name)
 
     def close(self) -> None:
         self.process.stop()
@@ -155,6 +160,7 @@ def _open(emu: Emulator, name: str, lock: float) -> leasekit.Queue:
         queue=name,
         connection_string=emu.connection_string,
         lock_duration=lock,
+        admin_port=emu.http_port,
     )
 
 
@@ -183,7 +189,9 @@ def leasekit_loop(emu: Emulator, messages: int, lock: float) -> dict[str, float]
     return _rates(messages, send, consume)
 
 
-def consumer(emu: Emulator, messages: int, lock: float, concurrency: int) -> dict[str, float]:
+def consumer(
+    emu: Emulator, messages: int, lock: float, concurrency: int, receivers: int = 1
+) -> dict[str, float]:
     name = emu.queue(lock)
     try:
         with _open(emu, name, lock) as queue:
@@ -191,7 +199,11 @@ def consumer(emu: Emulator, messages: int, lock: float, concurrency: int) -> dic
             with Timer() as send:
                 queue.send_many([BODY] * messages)
             worker = leasekit.Consumer(
-                queue, lambda message: None, concurrency=concurrency, handle_signals=False
+                queue,
+                lambda message: None,
+                concurrency=concurrency,
+                receivers=receivers,
+                handle_signals=False,
             )
             runner = threading.Thread(target=worker.run)
             with Timer() as consume:
@@ -321,8 +333,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--locks", type=int, default=200)
+    parser.add_argument(
+        "--concurrency", type=int, nargs="+", default=[8], help="Consumer threads, one row each"
+    )
+    parser.add_argument("--receivers", type=int, default=1, help="Consumer receive loops")
+    parser.add_argument("--locks", type=int, default=200, help="0 skips the lock-holding part")
     parser.add_argument("--hold", type=float, default=20.0)
     parser.add_argument("--lock", type=float, default=2.0, help="LockDuration of the hold queues")
     args = parser.parse_args()
@@ -335,10 +350,14 @@ def main() -> None:
                 emu, args.messages, 30, socket_timeout=0.05
             ),
             "leasekit": lambda: leasekit_loop(emu, args.messages, 30),
-            f"leasekit.Consumer, concurrency {args.concurrency}": lambda: consumer(
-                emu, args.messages, 30, args.concurrency
-            ),
         }
+        for threads in args.concurrency:
+            label = f"leasekit.Consumer, concurrency {threads}"
+            if args.receivers != 1:
+                label += f", receivers {args.receivers}"
+            scenarios[label] = lambda threads=threads: consumer(  # type: ignore[misc]
+                emu, args.messages, 30, threads, args.receivers
+            )
         runs: dict[str, list[dict[str, float]]] = {name: [] for name in scenarios}
         for _ in range(args.repeat if args.messages else 0):
             for name, scenario in scenarios.items():
@@ -363,6 +382,8 @@ def main() -> None:
                 f"| {name} | {med['consume']:.0f} | {med['consume'] / base['consume']:.2f} | "
                 f"{med['cpu_ms']:.2f} | {med['send']:.0f} | {med['send'] / base['send']:.2f} |"
             )
+        if not args.locks:
+            return
         print()
         print(f"{args.locks} locks held {args.hold:g} s with a {args.lock:g} s LockDuration")
         print("| holder | client CPU s | renew calls | renewal failures | locks lost |")

@@ -1,4 +1,4 @@
-"""Command line: ``python -m leasekit.emulators.servicebus --port N [--config F]``.
+"""Command line: ``python -m leasekit.emulators.servicebus --port N --http-port M [--config F]``.
 
 Serves until SIGTERM or SIGINT, then closes the listening socket and exits 0.
 """
@@ -30,7 +30,14 @@ def main(argv: list[str] | None = None) -> int:
         description="Azure Service Bus emulator (AMQP 1.0) for tests.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--port", type=int, default=5672, help="port to listen on")
+    parser.add_argument("--port", type=int, default=5672, help="AMQP port to listen on")
+    parser.add_argument(
+        "--http-port",
+        type=int,
+        default=5300,
+        help="port of the management API over HTTP (ServiceBusAdministrationClient), "
+        "5300 as on Microsoft's emulator",
+    )
     parser.add_argument("--config", help="queues JSON (Microsoft emulator Config.json shape)")
     parser.add_argument(
         "--log-level",
@@ -48,7 +55,16 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    emulator = ServiceBusEmulator(Broker(config), args.host, args.port)
+    log = logging.getLogger("leasekit.emulators.servicebus")
+    for warning in config.warnings:
+        log.warning("config %s: %s", args.config, warning)
+    try:
+        emulator = ServiceBusEmulator(
+            Broker(config), args.host, args.port, http_port=args.http_port
+        )
+    except OSError as exc:
+        print(f"error: cannot listen on HTTP port {args.http_port}: {exc}", file=sys.stderr)
+        return 2
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         # Only set a flag: an exception raised from a signal handler can land
@@ -59,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     emulator.run()
-    logging.getLogger("leasekit.emulators.servicebus").info("stopped")
+    log.info("stopped")
     return 0
 
 

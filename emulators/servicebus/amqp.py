@@ -26,16 +26,25 @@ Emulated on the wire:
       ``peek-message``, ``receive-by-sequence-number``, ``update-disposition``,
       ``schedule-message``, ``cancel-scheduled-message``; lock lost gives status 410
       with ``errorCondition`` ``com.microsoft:message-lock-lost``;
-    * emulator-only operations on ``$management``: ``leasekit:create-queue`` (body map
-      ``name``, ``properties`` in Config.json style) and ``leasekit:delete-queue``;
+    * entity management over HTTP on a second port, as ``ServiceBusAdministrationClient``
+      calls it (:mod:`.admin`); a deleted queue's links are detached with
+      ``amqp:not-found``;
     * an unknown entity gets its attach answered and then detached with
-      ``amqp:not-found`` (the SDK raises ``MessagingEntityNotFoundError``).
+      ``amqp:not-found`` (the SDK raises ``MessagingEntityNotFoundError``);
+    * delivery-ids as Service Bus takes them (out of order or repeated), proton-made
+      errors with all three fields, and a plain-HTTP answer to WebSocket: the
+      :class:`~.wire.RewritingIOHandler` between each socket and proton;
+    * a disposition for a delivery of a detached link is ignored, unanswered, as
+      Service Bus drops a closed link's unsettled deliveries.
 
-Not emulated: TLS, token validation and expiry, sessions, topics and subscriptions,
-transactions, link redirects, rules, ``get-message-sessions``, message size quotas
-per entity. proton's container is not thread-safe: every state change here runs on
-the container thread, and timers (lock expiry, TTL, scheduled messages) are a
-periodic container task, not threads.
+Not emulated, refused at attach: sessions (a receiver whose session mode does not
+fit the queue gets Service Bus' own ``amqp:not-allowed``; a session receiver on a
+session queue ``amqp:not-implemented``), topics and subscriptions, queues that set
+duplicate detection or auto-forwarding. Not emulated at all: TLS, token validation
+and expiry, transactions, link redirects, rules, ``get-message-sessions``, message
+size quotas per entity. proton's container is not thread-safe: every state change
+here runs on the container thread, and timers (lock expiry, TTL, scheduled
+messages) are a periodic container task, not threads.
 """
 
 from __future__ import annotations
@@ -60,18 +69,30 @@ from proton import (
     int32,
     symbol,
 )
-from proton.reactor import Container
+from proton.reactor import ApplicationEvent, Container, EventInjector
 
+from .admin import AdminHttpServer, AdminRequest
+from .admin import handle as handle_admin
 from .broker import (
     Broker,
     EntityNotFound,
     LockLost,
     MessageNotFound,
     MessageState,
+    Queue,
     StoredMessage,
     SubQueue,
 )
-from .codec import Section, inspect, ms_timestamp, render, split_sections, unpack
+from .codec import (
+    Section,
+    inspect,
+    ms_timestamp,
+    render,
+    service_decimals,
+    split_sections,
+    unpack,
+)
+from .wire import RewritingIOHandler
 
 __all__ = ["MAX_MESSAGE_SIZE", "ServiceBusEmulator"]
 
@@ -90,6 +111,8 @@ LOCK_LOST_TEXT = (
 )
 DEAD_LETTER = "com.microsoft:dead-letter"
 OP_PREFIX = "com.microsoft:"
+SESSIONS_UNSUPPORTED = "Sessions are not supported by this emulator."
+TOPICS_UNSUPPORTED = "Topics and subscriptions are not supported by this emulator."
 
 
 def entity_path(address: str | None) -> str:
@@ -144,6 +167,8 @@ class ServiceBusEmulator(Handler):
         broker: queue state and semantics.
         host: address to listen on.
         port: port to listen on.
+        http_port: port of the management API over HTTP (:mod:`.admin`), bound at
+            once; ``None`` serves none.
         clock: the time source (``time.time``); tests may pass another.
     """
 
@@ -153,6 +178,7 @@ class ServiceBusEmulator(Handler):
         host: str = "127.0.0.1",
         port: int = 5672,
         *,
+        http_port: int | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__()
@@ -160,6 +186,10 @@ class ServiceBusEmulator(Handler):
         self.host = host
         self.port = port
         self.clock = clock
+        self._injector = EventInjector()
+        self._http = (
+            AdminHttpServer(host, http_port, self._submit_admin) if http_port is not None else None
+        )
         self._consumers: dict[int, list[Any]] = {}  # id(SubQueue) -> consumer links
         self._entity_links: dict[int, list[Any]] = {}  # id(Queue) -> every link bound to it
         self._acceptor: Any = None
@@ -172,7 +202,16 @@ class ServiceBusEmulator(Handler):
     def run(self) -> None:
         """Listen and serve until :meth:`stop` or an exception (e.g. from a signal)."""
         self._container = Container(self)
-        self._container.run()
+        # Between each socket and proton: delivery-ids as Service Bus takes them,
+        # full error fields, a plain answer to WebSocket (see .frames and .wire).
+        self._container.global_handler = RewritingIOHandler()
+        if self._http is not None:
+            self._http.start()
+        try:
+            self._container.run()
+        finally:
+            if self._http is not None:
+                self._http.stop()
 
     def request_stop(self) -> None:
         """Ask the event loop to stop at its next tick (safe from a signal handler).
@@ -185,6 +224,7 @@ class ServiceBusEmulator(Handler):
     def stop(self) -> None:
         """Stop listening and close every connection (call on the container thread)."""
         self._closing = True
+        self._injector.close()
         if self._acceptor is not None:
             self._acceptor.close()
         if self._container is not None:
@@ -192,9 +232,35 @@ class ServiceBusEmulator(Handler):
 
     def on_reactor_init(self, event: Any) -> None:
         """Start listening and the timer."""
+        event.container.selectable(self._injector)
         self._acceptor = event.container.listen(f"{self.host}:{self.port}")
         event.container.schedule(TICK_SECONDS, self)
         _log.info("Service Bus emulator listening on %s:%s", self.host, self.port)
+        if self._http is not None:
+            _log.info("management API (HTTP) on %s:%s", self.host, self._http.port)
+
+    # -- management over HTTP -------------------------------------------------------------
+
+    def _submit_admin(self, request: AdminRequest) -> None:
+        """From an HTTP thread: hand ``request`` to the container thread."""
+        self._injector.trigger(ApplicationEvent("sb_admin", subject=request))
+
+    def on_sb_admin(self, event: Any) -> None:
+        """Answer a management request on the container thread (it owns the broker)."""
+        request: AdminRequest = event.subject
+        try:
+            request.response = handle_admin(self.broker, request, self._queue_deleted)
+        finally:
+            request.done.set()
+
+    def _queue_deleted(self, queue: Queue) -> None:
+        """Detach every link of a deleted queue with ``amqp:not-found``."""
+        for link in list(self._entity_links.get(id(queue), [])):
+            self._forget_link(link)
+            link.condition = _condition(
+                "amqp:not-found", f"The messaging entity '{queue.name}' was deleted."
+            )
+            link.close()
 
     def on_timer_task(self, event: Any) -> None:
         """Apply lock expiry, TTL and scheduled enqueue; feed waiting receivers."""
@@ -327,29 +393,62 @@ class ServiceBusEmulator(Handler):
         if lowered == "$cbs":
             link.sb_kind = "cbs"
             link.sb_node = path
-        elif lowered == "$management":
-            link.sb_kind = "admin"
-            link.sb_node = path
         elif lowered.endswith("/$management"):
             link.sb_kind = "mgmt"
             link.sb_node = path
-            link.sb_entity = self.broker.entity(path[: -len("/$management")])
+            link.sb_entity = self._entity(path[: -len("/$management")])
         else:
-            entity = self.broker.entity(path)
+            entity = self._entity(path)
             link.sb_entity = entity
             if link.is_receiver:
                 if entity.is_dead_letter:
                     raise _Refused("amqp:not-allowed", "Cannot send to a dead-letter queue.")
                 link.sb_kind = "producer"
             else:
-                if entity.queue.properties.requires_session or _has_session_filter(link):
-                    raise _Refused(
-                        "amqp:not-implemented", "Sessions are not supported by this emulator."
-                    )
+                self._check_session_mode(entity, _has_session_filter(link))
                 link.sb_kind = "consumer"
                 # snd-settle-mode settled (1) = ReceiveAndDelete; otherwise PeekLock.
                 link.sb_lock = link.remote_snd_settle_mode != 1
                 self._consumers.setdefault(id(entity), []).append(link)
+
+    def _entity(self, path: str) -> SubQueue:
+        """The sub-queue at ``path``; features the emulator does not have are refused."""
+        parts = [p for p in path.split("/") if p]
+        if len(parts) >= 3 and parts[1].casefold() == "subscriptions":
+            raise _Refused("amqp:not-implemented", TOPICS_UNSUPPORTED)
+        if parts and parts[0].casefold() in self.broker.config.topics:
+            raise _Refused("amqp:not-implemented", TOPICS_UNSUPPORTED)
+        entity = self.broker.entity(path)
+        unsupported = entity.queue.properties.unsupported
+        if unsupported:
+            raise _Refused(
+                "amqp:not-implemented",
+                f"The queue '{entity.queue.name}' sets {', '.join(unsupported)}, which this "
+                "emulator does not support (duplicate detection and auto-forwarding are "
+                "not emulated).",
+            )
+        return entity
+
+    @staticmethod
+    def _check_session_mode(entity: SubQueue, session_receiver: bool) -> None:
+        """Refuse a receiver whose session mode does not fit the queue, as Service Bus does."""
+        requires_session = entity.queue.properties.requires_session
+        if session_receiver and not requires_session:
+            # Service Bus' own refusal (an InvalidOperationException, amqp:not-allowed).
+            raise _Refused(
+                "amqp:not-allowed",
+                "A sessionful message receiver cannot be created on an entity that does not "
+                "require sessions. Ensure RequiresSession is set to true when creating a Queue "
+                "or Subscription to enable sessionful behavior.",
+            )
+        if requires_session and not session_receiver:
+            raise _Refused(
+                "amqp:not-allowed",
+                "It is not possible for an entity that requires sessions to create a "
+                "non-sessionful message receiver.",
+            )
+        if session_receiver:
+            raise _Refused("amqp:not-implemented", SESSIONS_UNSUPPORTED)
 
     def _refuse(self, link: Any, condition: str, description: str) -> None:
         # As the spec (and Service Bus) do: attach with a null terminus, then detach
@@ -374,7 +473,7 @@ class ServiceBusEmulator(Handler):
             return
         if kind == "consumer":
             self._pump_link(link)
-        elif kind in ("cbs", "mgmt", "admin"):
+        elif kind in ("cbs", "mgmt"):
             self._flush_replies(link)
 
     def _pump_entity(self, entity: SubQueue) -> None:
@@ -440,6 +539,13 @@ class ServiceBusEmulator(Handler):
             delivery_count=message.delivery_count,
             annotations=annotations,
             application_properties=message.dead_letter_properties or None,
+            # Service Bus names the lock in the delivery annotations too (the SDK's
+            # ServiceBusReceivedMessage.lock_token falls back to it).
+            delivery_annotations=(
+                {"x-opt-lock-token": message.lock_token}
+                if locked and message.lock_token is not None
+                else None
+            ),
         )
 
     # -- deliveries ---------------------------------------------------------------------------
@@ -468,7 +574,7 @@ class ServiceBusEmulator(Handler):
         try:
             if kind == "producer":
                 outcome = self._accept_send(link.sb_entity, payload)
-            elif kind in ("cbs", "mgmt", "admin"):
+            elif kind in ("cbs", "mgmt"):
                 self._on_request(link, payload)
             else:
                 outcome = (Delivery.REJECTED, _condition("amqp:not-allowed", "link is closed"))
@@ -491,7 +597,7 @@ class ServiceBusEmulator(Handler):
                 f"The message size {len(payload)} exceeds the limit of {MAX_MESSAGE_SIZE} bytes.",
             )
         try:
-            messages = unpack(payload)
+            messages = [service_decimals(sections) for sections in unpack(payload)]
         except ValueError as exc:
             return Delivery.REJECTED, _condition("amqp:decode-error", str(exc))
         now = self.clock()
@@ -508,6 +614,7 @@ class ServiceBusEmulator(Handler):
             ttl=info.ttl,
             scheduled_at=info.scheduled_at,
             message_id=info.message_id,
+            size=sum(len(section.raw) for section in sections),
         )
 
     def _on_disposition(self, delivery: Any) -> None:
@@ -530,6 +637,14 @@ class ServiceBusEmulator(Handler):
                 return
         entity: SubQueue = delivery.sb_entity
         delivery.sb_done = True
+        if getattr_safe(delivery.link, "sb_kind") != "consumer":
+            # The link detached: Service Bus drops its unsettled deliveries then
+            # (azure-amqp's SessionChannel.OnLinkClosed), so a later disposition for
+            # them matches nothing, changes nothing and gets no answer; the lock
+            # stays until it expires or is settled over $management. The delivery
+            # is left unsettled here (answering would send an outcome); proton frees
+            # it with its connection.
+            return
         now = self.clock()
         remote = delivery.remote
         try:
@@ -575,10 +690,7 @@ class ServiceBusEmulator(Handler):
             )
         else:
             try:
-                if kind == "admin":
-                    body = self._admin(operation, request.body or {})
-                else:
-                    body = self._management(link.sb_entity, operation, request.body or {})
+                body = self._management(link.sb_entity, operation, request.body or {})
                 status, description = (200, "OK") if body is not None else (204, "No Content")
                 reply = Message(
                     properties={"statusCode": int32(status), "statusDescription": description},
@@ -601,7 +713,7 @@ class ServiceBusEmulator(Handler):
         link = conn.link_head(Endpoint.LOCAL_ACTIVE | Endpoint.REMOTE_ACTIVE)
         fallback = None
         while link is not None:
-            if link.is_sender and getattr_safe(link, "sb_kind") in ("cbs", "mgmt", "admin"):
+            if link.is_sender and getattr_safe(link, "sb_kind") in ("cbs", "mgmt"):
                 if entity_path(link.remote_source.address).casefold() == target:
                     break
                 fallback = fallback or link
@@ -668,7 +780,7 @@ class ServiceBusEmulator(Handler):
                     raw = item.get("message") if isinstance(item, dict) else None
                     if raw is None:
                         raise _MgmtError(400, "com.microsoft:argument-error", "message missing")
-                    sections = split_sections(bytes(raw))
+                    sections = service_decimals(split_sections(bytes(raw)))
                     seqs.append(self._enqueue(entity, sections, now).sequence_number)
                 self._pump_entity(entity)
                 return {"sequence-numbers": _array(Data.LONG, seqs)}
@@ -703,36 +815,6 @@ class ServiceBusEmulator(Handler):
             )
         else:
             raise ValueError(f"unknown disposition-status {status!r}")
-
-    def _admin(self, operation: str, body: Any) -> Any:
-        if not isinstance(body, dict):
-            raise _MgmtError(400, "com.microsoft:argument-error", "The request body must be a map.")
-        name = _text(body.get("name")) or ""
-        try:
-            if operation == "leasekit:create-queue":
-                props = body.get("properties") or {}
-                properties = self.broker.config.default_properties.updated(
-                    {str(k): v for k, v in dict(props).items()}
-                )
-                self.broker.create_queue(name, properties)
-                return {"name": name}
-            if operation == "leasekit:delete-queue":
-                queue = self.broker.queue(name, create=False)
-                self.broker.delete_queue(name)
-                for link in list(self._entity_links.get(id(queue), [])):
-                    self._forget_link(link)
-                    link.condition = _condition(
-                        "amqp:not-found", f"The messaging entity '{name}' was deleted."
-                    )
-                    link.close()
-                return {"name": name}
-        except EntityNotFound as exc:
-            raise _MgmtError(404, "amqp:not-found", f"queue {name!r} not found") from exc
-        except ValueError as exc:
-            raise _MgmtError(400, "com.microsoft:argument-error", str(exc)) from exc
-        raise _MgmtError(
-            501, "amqp:not-implemented", f"The operation {operation!r} is not supported."
-        )
 
 
 class _Refused(Exception):
@@ -773,11 +855,18 @@ def _uuid(value: Any) -> uuid.UUID:
 
 
 def _has_session_filter(link: Any) -> bool:
+    """Whether the attach asks for a session (``com.microsoft:session-filter``)."""
+    data = link.remote_source.filter
     try:
-        filters = link.remote_source.filter.get_object()
-    except Exception:
+        data.rewind()
+        if data.next() is None:
+            return False
+        filters = data.get_object()
+    except Exception:  # an undecodable filter set is no session filter
         return False
-    return bool(filters) and any("session-filter" in str(key) for key in dict(filters))
+    return isinstance(filters, dict) and any(
+        str(key) == "com.microsoft:session-filter" for key in filters
+    )
 
 
 def _dead_letter_details(condition: Condition | None) -> tuple[str | None, str | None]:

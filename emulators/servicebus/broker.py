@@ -31,8 +31,10 @@ partitioning, size quotas, transactions.
 
 from __future__ import annotations
 
+import datetime
 import heapq
 import itertools
+import logging
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -52,6 +54,8 @@ __all__ = [
     "StoredMessage",
     "SubQueue",
 ]
+
+_log = logging.getLogger("leasekit.emulators.servicebus")
 
 DEAD_LETTER_SUFFIX = "$deadletterqueue"
 MAX_DELIVERY_REASON = "MaxDeliveryCountExceeded"
@@ -89,6 +93,7 @@ class StoredMessage:
         expires_at: when its time-to-live ends; ``None`` for never.
         visible_at: scheduled enqueue time; it cannot be received before.
         message_id: the application's message id, if any (for logging).
+        size: the message's size in bytes (for the entity's SizeInBytes).
     """
 
     sequence_number: int
@@ -97,6 +102,7 @@ class StoredMessage:
     expires_at: float | None = None
     visible_at: float = 0.0
     message_id: str | None = None
+    size: int = 0
     delivery_count: int = 0
     state: MessageState = MessageState.ACTIVE
     lock_token: uuid.UUID | None = None
@@ -129,6 +135,10 @@ class SubQueue:
     def __len__(self) -> int:
         return len(self._messages)
 
+    def messages(self) -> list[StoredMessage]:
+        """Every message held here (available, locked, deferred, scheduled), by number."""
+        return [self._messages[seq] for seq in sorted(self._messages)]
+
     # -- adding ---------------------------------------------------------------------------
 
     def enqueue(
@@ -139,6 +149,7 @@ class SubQueue:
         ttl: float | None = None,
         scheduled_at: float | None = None,
         message_id: str | None = None,
+        size: int = 0,
     ) -> StoredMessage:
         """Store a new message and return it.
 
@@ -148,6 +159,7 @@ class SubQueue:
             ttl: the message's own time-to-live in seconds, if it set one.
             scheduled_at: scheduled enqueue time, if later than now.
             message_id: the application's message id.
+            size: its size in bytes.
 
         Returns:
             The stored message with its sequence number.
@@ -159,6 +171,7 @@ class SubQueue:
             enqueued_at=visible_at,
             visible_at=visible_at,
             message_id=message_id,
+            size=size,
         )
         if not self.is_dead_letter:
             default_ttl = self.queue.properties.default_ttl
@@ -480,11 +493,14 @@ class Queue:
     Parameters:
         name: the queue name as declared.
         properties: its properties.
+
+    ``created_at`` and ``updated_at`` (UTC) are shown by the management API.
     """
 
     def __init__(self, name: str, properties: QueueProperties) -> None:
         self.name = name
         self.properties = properties
+        self.created_at = self.updated_at = datetime.datetime.now(datetime.UTC)
         self._sequence = itertools.count(1)
         self.active = SubQueue(self, dead_letter=False)
         self.dead_letter = SubQueue(self, dead_letter=True)
@@ -513,6 +529,7 @@ class Broker:
 
     def __init__(self, config: EmulatorConfig | None = None) -> None:
         self.config = config or EmulatorConfig()
+        self.created_at = datetime.datetime.now(datetime.UTC)
         self._queues: dict[str, Queue] = {}
         for name, properties in self.config.queues.items():
             self.create_queue(name, properties)
@@ -574,6 +591,9 @@ class Broker:
         if queue is not None:
             return queue
         if create and self.config.may_auto_create(name) and "$" not in name and name:
+            # Service Bus would answer MessagingEntityNotFound: say loudly that this
+            # name (a typo, a topic?) became a queue.
+            _log.warning("AutoCreateQueues: created queue %r on first use", name)
             return self.create_queue(name)
         raise EntityNotFound(name)
 

@@ -19,7 +19,18 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from proton import Array, Data, Described, symbol, timestamp, uint, ulong
+from proton import (
+    Array,
+    Data,
+    Described,
+    decimal32,
+    decimal64,
+    decimal128,
+    symbol,
+    timestamp,
+    uint,
+    ulong,
+)
 
 __all__ = [
     "APPLICATION_PROPERTIES",
@@ -32,6 +43,7 @@ __all__ = [
     "encode_section",
     "inspect",
     "render",
+    "service_decimals",
     "split_sections",
     "unpack",
 ]
@@ -141,8 +153,12 @@ def split_sections(payload: bytes) -> list[Section]:
 
 
 def _looks_like_message(sections: list[Section]) -> bool:
+    # Any order, as Service Bus takes it: the SDK itself encodes delivery
+    # annotations after the body (pyamqp ``encode_payload``). A message has a body,
+    # and each of its other sections at most once.
     codes = [s.code for s in sections]
-    return bool(codes) and any(c in _BODY for c in codes) and codes == sorted(codes)
+    others = [c for c in codes if c not in _BODY]
+    return len(others) < len(codes) and len(set(others)) == len(others)
 
 
 def unpack(payload: bytes) -> list[list[Section]]:
@@ -243,8 +259,13 @@ def render(
     delivery_count: int,
     annotations: dict[str, Any],
     application_properties: dict[str, Any] | None = None,
+    delivery_annotations: dict[str, Any] | None = None,
 ) -> bytes:
     """Encode a message for delivery with broker-owned fields set.
+
+    Sections go out in the specification's order whatever order they came in;
+    the sender's delivery annotations are passed on (Service Bus does), with
+    ``delivery_annotations`` (the broker's ``x-opt-lock-token``) added.
 
     Parameters:
         sections: the stored sections.
@@ -252,6 +273,7 @@ def render(
         annotations: message annotations to set (symbol keys are made from the names);
             ``timestamp`` values must already be :class:`proton.timestamp`.
         application_properties: application properties to add or replace.
+        delivery_annotations: delivery annotations to add or replace.
 
     Returns:
         The encoded message.
@@ -259,9 +281,14 @@ def render(
     by_code: dict[int, Section] = {}
     rest: list[Section] = []
     for section in sections:
-        if section.code in (HEADER, MESSAGE_ANNOTATIONS, APPLICATION_PROPERTIES):
+        if section.code in (
+            HEADER,
+            DELIVERY_ANNOTATIONS,
+            MESSAGE_ANNOTATIONS,
+            APPLICATION_PROPERTIES,
+        ):
             by_code[section.code] = section
-        elif section.code != DELIVERY_ANNOTATIONS:
+        else:
             rest.append(section)
 
     header: list[Any] = [None, None, None, None, None]
@@ -270,6 +297,16 @@ def render(
         header[: len(old)] = old[:5]
     header[4] = uint(delivery_count)
     out = [encode_section(HEADER, header)]
+
+    if delivery_annotations:
+        delivered: dict[Any, Any] = {}
+        if DELIVERY_ANNOTATIONS in by_code:
+            delivered.update(by_code[DELIVERY_ANNOTATIONS].value() or {})
+        for key, value in delivery_annotations.items():
+            delivered[symbol(key)] = value
+        out.append(encode_section(DELIVERY_ANNOTATIONS, delivered))
+    elif DELIVERY_ANNOTATIONS in by_code:
+        out.append(by_code[DELIVERY_ANNOTATIONS])
 
     merged: dict[Any, Any] = {}
     if MESSAGE_ANNOTATIONS in by_code:
@@ -303,3 +340,108 @@ def ms_timestamp(seconds: float) -> timestamp:
     believes a lock outlives the emulator's own record of it.
     """
     return timestamp(math.floor(seconds * 1000))
+
+
+# -- decimals, as Service Bus stores them ----------------------------------------------------------
+
+_DECIMAL_CODES = (b"\x74", b"\x84", b"\x94")  # decimal32, decimal64, decimal128 constructors
+_MAX_SCALE = 28  # System.Decimal's
+_MAX_SIGNIFICAND = (1 << 96) - 1
+
+
+def service_decimals(sections: list[Section]) -> list[Section]:
+    """Re-encode decimal application properties the way Service Bus delivers them.
+
+    Service Bus keeps application properties as .NET values: a decimal is read into
+    a ``System.Decimal`` and written back on delivery by Azure/azure-amqp's
+    ``DecimalEncoding`` (its own layout: the 14-bit exponent split ``>> 9`` /
+    ``& 0x7F``, the 96-bit significand in bytes 4 to 15). The Python SDK's decoder
+    reads exactly that layout (``_decode_decimal128`` shifts ``<< 9``), not the
+    IEEE layout its encoder writes, so a decimal only round-trips through the
+    service's re-encoding.
+
+    Parameters:
+        sections: a message's sections.
+
+    Returns:
+        The sections, with the application properties re-encoded if they hold a decimal.
+
+    Raises:
+        ValueError: a decimal that ``System.Decimal`` cannot hold (NaN, infinity,
+            more than 28 decimal places, a value of 2**96 or more).
+    """
+    out = list(sections)
+    for index, section in enumerate(out):
+        if section.code != APPLICATION_PROPERTIES or not any(
+            code in section.raw for code in _DECIMAL_CODES
+        ):
+            continue
+        props = section.value()
+        if not isinstance(props, dict):
+            continue
+        changed = False
+        for key, value in props.items():
+            if isinstance(value, decimal32 | decimal64 | decimal128):
+                props[key] = _dotnet_decimal128(value, str(key))
+                changed = True
+        if changed:
+            out[index] = encode_section(APPLICATION_PROPERTIES, props)
+    return out
+
+
+def _dotnet_decimal128(value: Any, name: str) -> decimal128:
+    """Decode as azure-amqp's ``DecimalEncoding.DecodeValue``, encode as its ``EncodeValue``."""
+    negative, significand, exponent = _decode_decimal(value, name)
+    if exponent > 0:  # azure-amqp multiplies the value out: scale 0
+        significand *= 10**exponent
+        exponent = 0
+    if -exponent > _MAX_SCALE or significand > _MAX_SIGNIFICAND:
+        raise ValueError(
+            f"application property {name!r}: the decimal is outside System.Decimal's range "
+            "(at most 28 decimal places, magnitude below 2**96), which Service Bus stores"
+        )
+    stored = 6176 - -exponent  # EncodeValue: Decimal128Bias - scale
+    out = bytearray(16)
+    out[0] = (0x80 if negative else 0) | (stored >> 9)
+    out[1] = (stored & 0x7F) << 1
+    out[4:16] = significand.to_bytes(12, "big")
+    return decimal128(bytes(out))
+
+
+def _decode_decimal(value: Any, name: str) -> tuple[bool, int, int]:
+    """Sign, significand and exponent of an AMQP decimal, read as azure-amqp reads it."""
+    if isinstance(value, decimal128):
+        raw = bytearray(bytes(value))
+    else:
+        raw = bytearray(int(value).to_bytes(8 if isinstance(value, decimal64) else 4, "big"))
+    negative = bool(raw[0] & 0x80)
+    if raw[0] & 0x60 == 0x60 and (raw[0] & 0x78 == 0x78 or len(raw) == 16):
+        # NaN and infinity (System.Decimal has neither), or decimal128's large form,
+        # which azure-amqp reads as 0: refuse rather than store something else.
+        raise ValueError(
+            f"application property {name!r}: a decimal NaN, infinity or 113-bit "
+            "significand cannot be stored by Service Bus (System.Decimal)"
+        )
+    large = raw[0] & 0x60 == 0x60
+    if len(raw) == 16:
+        exponent = ((raw[0] & 0x7F) << 7) | ((raw[1] & 0xFE) >> 1)
+        raw[1] &= 0x01
+        significand = int.from_bytes(raw[4:16], "big")  # azure-amqp reads 96 bits only
+        return negative, significand, exponent - 6176
+    if len(raw) == 8:
+        if large:
+            exponent = ((raw[0] & 0x1F) << 8) | ((raw[1] & 0xF8) >> 3)
+            raw[1] = (raw[1] & 0x07) | 0x20
+        else:
+            exponent = ((raw[0] & 0x7F) << 3) | ((raw[1] & 0xE0) >> 5)
+            raw[1] &= 0x1F
+        raw[0] = 0
+        return negative, int.from_bytes(raw, "big"), exponent - 398
+    if large:
+        exponent = ((raw[0] & 0x1F) << 3) | ((raw[1] & 0xE0) >> 5)
+        raw[1] = (raw[1] & 0x1F) | 0x80
+    else:
+        exponent = ((raw[0] & 0x7F) << 1) | ((raw[1] & 0x80) >> 7)
+        raw[1] &= 0x7F
+    raw[0] = 0
+    return negative, int.from_bytes(raw, "big"), exponent - 101

@@ -18,10 +18,18 @@ The file follows the shape of Microsoft's Service Bus emulator ``Config.json``::
     }
 
 A bare ``{"Queues": [...]}`` is accepted too. ``Emulator`` is this emulator's own
-section (Microsoft's file has no such key): ``AutoCreateQueues`` is ``true``
-(create any queue on first use), ``false``, or a regular expression a queue name
-must fully match to be created on first use; ``DefaultQueueProperties`` are the
-properties of queues created that way.
+section (Microsoft's file has no such key): ``AutoCreateQueues`` is ``false`` (the
+default: a name nobody created is a missing entity, as on Service Bus), ``true``
+(create any queue on first use, each one logged as a warning), or a regular
+expression a queue name must fully match to be created on first use;
+``DefaultQueueProperties`` are the properties of queues created that way.
+
+Nothing in the file is ignored silently: an unknown key, a property the emulator
+does not honour set to a value that matters (``RequiresDuplicateDetection: true``,
+``ForwardTo``...) and declared topics are listed in :attr:`EmulatorConfig.warnings`,
+which the command line logs at startup. A queue that sets such a property refuses
+every link with ``amqp:not-implemented`` naming it, and a declared topic refuses
+links the same way, rather than behaving like a plain queue.
 
 Durations are ISO 8601 (``PT1M``, ``PT2S``, ``PT0.5S``, ``P1DT2H``) or plain
 numbers of seconds. Unlike real Service Bus (LockDuration 5 s to 5 min), the
@@ -106,6 +114,9 @@ class QueueProperties:
         dead_lettering_on_message_expiration: move expired messages to the
             dead-letter queue instead of dropping them.
         requires_session: sessions are not emulated; such a queue refuses receivers.
+        unsupported: Config.json property names set to values the emulator cannot
+            honour (``RequiresDuplicateDetection``, ``ForwardTo``...); such a queue
+            refuses every link, naming them.
     """
 
     lock_duration: float = DEFAULT_LOCK_DURATION
@@ -113,6 +124,7 @@ class QueueProperties:
     default_ttl: float | None = None
     dead_lettering_on_message_expiration: bool = False
     requires_session: bool = False
+    unsupported: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         """Validate the values.
@@ -127,14 +139,20 @@ class QueueProperties:
         if self.default_ttl is not None and self.default_ttl <= 0:
             raise ValueError(f"DefaultMessageTimeToLive must be positive, got {self.default_ttl}")
 
-    def updated(self, properties: dict[str, Any]) -> QueueProperties:
+    def updated(
+        self, properties: dict[str, Any], warnings: list[str] | None = None
+    ) -> QueueProperties:
         """Return a copy with the Config.json-style ``properties`` applied.
 
         Parameters:
             properties: keys as in Microsoft's Config.json (``LockDuration``,
                 ``MaxDeliveryCount``, ``DefaultMessageTimeToLive``,
-                ``DeadLetteringOnMessageExpiration``, ``RequiresSession``);
-                unknown keys are ignored.
+                ``DeadLetteringOnMessageExpiration``, ``RequiresSession``, and the
+                unsupported ``RequiresDuplicateDetection``,
+                ``DuplicateDetectionHistoryTimeWindow``, ``ForwardTo``,
+                ``ForwardDeadLetteredMessagesTo``).
+            warnings: where a sentence is added for each unknown key and each
+                unsupported property set to a value that matters.
 
         Returns:
             The new properties.
@@ -142,9 +160,21 @@ class QueueProperties:
         Raises:
             ValueError: a value is malformed or out of range.
         """
+        notes = warnings if warnings is not None else []
+        unsupported = list(self.unsupported)
         changes: dict[str, Any] = {}
         for key, value in properties.items():
             name = key.lower()
+            if name in _UNSUPPORTED:
+                if _matters(name, value):
+                    unsupported.append(key)
+                    notes.append(
+                        f"{key}={value!r} is not supported by this emulator ({_UNSUPPORTED[name]})"
+                    )
+                continue
+            if name not in _KNOWN:
+                notes.append(f"unknown queue property {key!r} ignored")
+                continue
             if name == "lockduration":
                 changes["lock_duration"] = parse_duration(value)
             elif name == "maxdeliverycount":
@@ -157,7 +187,39 @@ class QueueProperties:
                 changes["dead_lettering_on_message_expiration"] = _as_bool(value)
             elif name == "requiressession":
                 changes["requires_session"] = _as_bool(value)
+        changes["unsupported"] = tuple(dict.fromkeys(unsupported))
         return replace(self, **changes)
+
+
+_KNOWN = frozenset(
+    {
+        "lockduration",
+        "maxdeliverycount",
+        "defaultmessagetimetolive",
+        "deadletteringonmessageexpiration",
+        "requiressession",
+    }
+)
+#: Config.json properties the emulator does not implement, and what each would need.
+_UNSUPPORTED = {
+    "requiresduplicatedetection": "duplicate detection is not emulated",
+    "duplicatedetectionhistorytimewindow": "duplicate detection is not emulated",
+    "forwardto": "auto-forwarding is not emulated",
+    "forwarddeadletteredmessagesto": "auto-forwarding is not emulated",
+}
+
+
+def _matters(name: str, value: Any) -> bool:
+    """Whether an unsupported property's value changes behaviour.
+
+    Microsoft's sample Config.json sets ``RequiresDuplicateDetection: false`` and a
+    history window on every queue; those change nothing.
+    """
+    if name == "requiresduplicatedetection":
+        return _as_bool(value)
+    if name == "duplicatedetectionhistorytimewindow":
+        return False  # only matters with RequiresDuplicateDetection, reported there
+    return value not in (None, "")
 
 
 def _as_bool(value: Any) -> bool:
@@ -172,14 +234,22 @@ class EmulatorConfig:
 
     Parameters:
         queues: queues that exist from the start, by name.
-        auto_create: ``True`` (any name), ``False``, or a compiled pattern a queue
-            name must fully match to be created on first use.
+        auto_create: ``True`` (any name), ``False`` (the default), or a compiled
+            pattern a queue name must fully match to be created on first use.
         default_properties: properties of queues created on first use.
+        topics: declared topic names, casefolded: links to them are refused (topics
+            are not emulated), not taken for missing or auto-created queues.
+        warnings: what the file asked for that the emulator ignores or refuses, one
+            sentence each (logged at startup).
+        namespace: the namespace name (the first ``Namespaces`` entry's ``Name``).
     """
 
     queues: dict[str, QueueProperties] = field(default_factory=dict)
-    auto_create: bool | re.Pattern[str] = True
+    auto_create: bool | re.Pattern[str] = False
     default_properties: QueueProperties = field(default_factory=QueueProperties)
+    topics: frozenset[str] = frozenset()
+    warnings: list[str] = field(default_factory=list)
+    namespace: str = "sbemulatorns"
 
     def may_auto_create(self, name: str) -> bool:
         """Whether a queue called ``name`` is created when first used.
@@ -211,25 +281,48 @@ def parse_config(document: dict[str, Any]) -> EmulatorConfig:
         raise ValueError("the config must be a JSON object")
     emulator = document.get("Emulator") or {}
     config = EmulatorConfig()
-    auto = emulator.get("AutoCreateQueues", True)
+    for key in emulator:
+        if key not in ("AutoCreateQueues", "DefaultQueueProperties"):
+            config.warnings.append(f"unknown Emulator setting {key!r} ignored")
+    auto = emulator.get("AutoCreateQueues", False)
     if isinstance(auto, str):
         config.auto_create = re.compile(auto)
     else:
         config.auto_create = bool(auto)
     config.default_properties = QueueProperties().updated(
-        emulator.get("DefaultQueueProperties") or {}
+        emulator.get("DefaultQueueProperties") or {}, config.warnings
     )
     queue_lists: list[Any] = []
+    topics: list[str] = []
     if "Queues" in document:
         queue_lists.append(document["Queues"])
-    for namespace in (document.get("UserConfig") or {}).get("Namespaces") or []:
+    for index, namespace in enumerate((document.get("UserConfig") or {}).get("Namespaces") or []):
+        if index == 0 and namespace.get("Name"):
+            config.namespace = str(namespace["Name"])
         queue_lists.append(namespace.get("Queues") or [])
+        for topic in namespace.get("Topics") or []:
+            name = topic.get("Name") if isinstance(topic, dict) else None
+            if name:
+                topics.append(str(name))
     for queues in queue_lists:
         for queue in queues:
             name = queue.get("Name")
             if not name or not isinstance(name, str):
                 raise ValueError(f"queue without a Name: {queue!r}")
-            config.queues[name] = config.default_properties.updated(queue.get("Properties") or {})
+            notes: list[str] = []
+            config.queues[name] = config.default_properties.updated(
+                queue.get("Properties") or {}, notes
+            )
+            config.warnings.extend(
+                f"queue {name!r}: {note}"
+                + ("; the queue refuses links" if "not supported" in note else "")
+                for note in notes
+            )
+    if topics:
+        config.topics = frozenset(t.casefold() for t in topics)
+        config.warnings.append(
+            f"topics are not emulated; links to {', '.join(sorted(topics))} are refused"
+        )
     return config
 
 

@@ -8,6 +8,7 @@ allows less than Service Bus' 5 s minimum) so expiry and keeper tests are fast.
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -40,6 +41,8 @@ from leasekit.spi import DriverError, ErrorCode
 pytest.importorskip("azure.servicebus")
 pytest.importorskip("proton", reason="the Service Bus emulator needs python-qpid-proton")
 
+from azure.core.exceptions import ResourceNotFoundError
+
 from leasekit.backends.azure_service_bus import ServiceBusDriver
 
 #: The LockDuration of every test queue: short so expiry tests are fast, long
@@ -54,6 +57,7 @@ def _open(server: Any, name: str | None = None, *, create: bool = True, **option
         create=create,
         connection_string=server.connection_string,
         lock_duration=options.pop("lock_duration", LOCK),
+        admin_port=server.http_port,
         **options,
     )
 
@@ -66,6 +70,7 @@ class TestServiceBusConformance(ConformanceSuite):
             "azure-service-bus",
             connection_string=servicebus_server.connection_string,
             lock_duration=LOCK,
+            admin_port=servicebus_server.http_port,
         )
         yield harness
         harness.close()
@@ -321,11 +326,42 @@ def test_lock_duration_differing_from_the_queue_is_logged(
         q.close()
 
 
+def test_queue_admin_goes_through_the_administration_client(servicebus_server: Any) -> None:
+    # One admin path: ServiceBusAdministrationClient, on the emulator's HTTP port.
+    q = _open(servicebus_server, create=True)
+    try:
+        with servicebus_server.admin_client() as admin:
+            assert admin.get_queue(q.name).lock_duration.total_seconds() == LOCK
+        with pytest.raises(leasekit.LeaseError, match="exists with LockDuration 2 s"):
+            _open(servicebus_server, q.name, create=True, lock_duration=3)
+    finally:
+        q.delete()
+        q.close()
+    with servicebus_server.admin_client() as admin, pytest.raises(ResourceNotFoundError):
+        admin.get_queue(q.name)
+    gone = _open(servicebus_server, q.name, create=False)
+    gone.delete()  # a missing queue is fine
+    gone.close()
+
+
+def test_emulator_admin_port_comes_from_options_and_urls() -> None:
+    emulator = (
+        "Endpoint=sb://127.0.0.1:5672;SharedAccessKeyName=k;SharedAccessKey=v;"
+        "UseDevelopmentEmulator=true"
+    )
+    default = ServiceBusDriver("q", connection_string=emulator)
+    assert default.admin_port == 5300  # Microsoft's emulator's
+    assert ServiceBusDriver("q", connection_string=emulator, admin_port="5301").admin_port == 5301
+    with pytest.raises(ValueError, match="admin_port"):
+        ServiceBusDriver("q", connection_string=emulator, admin_port=0)
+
+
 # ----------------------------------------------------------- connections
 
 
 def test_close_leaves_no_thread_or_socket(servicebus_server: Any) -> None:
     name = servicebus_server.create_queue(lock_duration=LOCK)
+    gc.collect()  # sockets earlier tests left to the collector must not close mid-count
     threads, fds = threading.active_count(), _fds()
     q = _open(servicebus_server, name, create=False)
     q.send(b"x")

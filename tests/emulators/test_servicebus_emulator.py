@@ -569,7 +569,13 @@ def test_emulator_process_stops_cleanly_on_sigterm(tmp_path: Any) -> None:
     config.write_text('{"Queues": [{"Name": "a", "Properties": {"LockDuration": "PT5S"}}]}')
     port = free_port()
     argv = python_module(
-        "leasekit.emulators.servicebus", "--port", str(port), "--config", str(config)
+        "leasekit.emulators.servicebus",
+        "--port",
+        str(port),
+        "--http-port",
+        str(free_port()),
+        "--config",
+        str(config),
     )
     process = ServerProcess(argv, port, name="servicebus-sigterm").start()
     process.stop(grace=5)

@@ -1,0 +1,504 @@
+"""Where the Service Bus emulator once disagreed with the real service, checked with the SDK.
+
+Each test drives the public ``azure-servicebus`` SDK the way its own samples and
+live tests do and asserts what Azure Service Bus does, with the source of that
+behaviour in a comment. The emulator is only as good as its agreement with the
+SDK's own samples and tests: where they disagree, the emulator is wrong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import decimal
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("azure.servicebus")
+
+from azure.servicebus import (
+    AutoLockRenewer,
+    ServiceBusClient,
+    ServiceBusMessage,
+    ServiceBusReceiveMode,
+    ServiceBusSubQueue,
+)
+from azure.servicebus.aio import ServiceBusClient as AsyncServiceBusClient
+from azure.servicebus.amqp import AmqpAnnotatedMessage
+from azure.servicebus.exceptions import (
+    MessagingEntityNotFoundError,
+    ServiceBusError,
+)
+
+SHORT_LOCK = 1.0  # seconds; the emulator allows below Service Bus' 5 s minimum
+MAX_WAIT = 10.0  # deadline for anything expected to happen
+REFUSAL_BUDGET = 1.0  # the emulator answers an unsupported feature within this, in seconds
+# A refused SDK call includes the SDK's own connection set-up, which polls the socket
+# every 50 ms per frame (about 0.5-1 s here): no timeout or retry hides in this bound.
+SDK_REFUSAL_BUDGET = 2.0
+
+
+@pytest.fixture(scope="module")
+def client(servicebus_server: Any) -> Iterator[ServiceBusClient]:
+    # retry_total=0: a refusal is reported at once, not after the SDK's backoff.
+    with ServiceBusClient.from_connection_string(
+        servicebus_server.connection_string, retry_total=0
+    ) as sb:
+        yield sb
+
+
+def send(client: ServiceBusClient, queue: str, *messages: Any) -> None:
+    with client.get_queue_sender(queue, keep_alive=0) as sender:
+        sender.send_messages(list(messages))
+
+
+def receive_until(receiver: Any, count: int) -> list[Any]:
+    got: list[Any] = []
+    deadline = time.monotonic() + MAX_WAIT
+    while len(got) < count and time.monotonic() < deadline:
+        got += receiver.receive_messages(max_message_count=count - len(got), max_wait_time=1)
+    return got
+
+
+def utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def body(message: Any) -> bytes:
+    return b"".join(message.body)
+
+
+# -- 1. concurrent management calls on one receiver ---------------------------------------------
+#
+# The SDK assigns delivery-ids on the management link without a lock, so calls made
+# at once send them out of order or twice. Service Bus does not check incoming
+# delivery-ids (Azure/azure-amqp AmqpSession.cs, IncomingSessionChannel.OnAcceptTransfer
+# takes each transfer's id as sent); the SDK's own AutoLockRenewer sample registers many
+# messages of one receiver with a thread pool, and its live tests renew from threads.
+
+
+def test_auto_lock_renewer_keeps_fifty_locks_of_one_receiver(
+    client: ServiceBusClient, servicebus_server: Any
+) -> None:
+    # 5 s, Service Bus' shortest lock: the renewer renews 0.75 x the whole seconds
+    # left before expiry and its dispatcher sleeps 0.5 s between rounds, so shorter
+    # locks race its own timing on a loaded machine.
+    queue = servicebus_server.create_queue(lock_duration=5)
+    send(client, queue, *(ServiceBusMessage(f"m{i}") for i in range(50)))
+    failures: list[tuple[Any, BaseException | None]] = []
+    renewer = AutoLockRenewer(
+        on_lock_renew_failure=lambda message, error: failures.append((message, error))
+    )
+    with client.get_queue_receiver(queue) as receiver:
+        messages: list[Any] = []
+        deadline = time.monotonic() + MAX_WAIT
+        while len(messages) < 50 and time.monotonic() < deadline:
+            batch = receiver.receive_messages(max_message_count=50, max_wait_time=1)
+            for message in batch:  # registered as received, as the sample does
+                renewer.register(receiver, message, max_lock_renewal_duration=30)
+            messages += batch
+        assert len(messages) == 50
+        first_expiry = min(m.locked_until_utc for m in messages)
+        # Held past the first lock's end: only renewals keep the locks.
+        while utcnow() < first_expiry + datetime.timedelta(seconds=0.5):
+            time.sleep(0.05)  # letting the renewer's threads run, not synchronising
+        renewer.close()
+        assert failures == []
+        assert min(m.locked_until_utc for m in messages) > first_expiry
+        for message in messages:
+            receiver.complete_message(message)
+        assert receiver.peek_messages(5, sequence_number=1) == []
+
+
+def test_concurrent_peeks_and_renewals_from_threads_on_one_receiver(
+    client: ServiceBusClient, servicebus_server: Any
+) -> None:
+    queue = servicebus_server.create_queue(lock_duration=5)
+    send(client, queue, *(ServiceBusMessage(f"m{i}") for i in range(8)))
+    errors: list[BaseException] = []
+    with client.get_queue_receiver(queue) as receiver:
+        messages = receive_until(receiver, 8)
+        start = threading.Barrier(8)
+
+        def work(message: Any) -> None:
+            try:
+                start.wait()
+                for _ in range(5):
+                    assert len(receiver.peek_messages(8, sequence_number=1)) == 8
+                    receiver.renew_message_lock(message)
+            except BaseException as exc:  # collected, asserted below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(m,)) for m in messages]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(MAX_WAIT)
+        assert errors == []
+        for message in messages:
+            receiver.complete_message(message)
+
+
+def test_concurrent_peeks_and_renewals_from_asyncio_tasks_on_one_receiver(
+    servicebus_server: Any,
+) -> None:
+    asyncio.run(_concurrent_tasks(servicebus_server))
+
+
+async def _concurrent_tasks(server: Any) -> None:
+    queue = server.create_queue(lock_duration=5)
+    async with AsyncServiceBusClient.from_connection_string(
+        server.connection_string, retry_total=0
+    ) as sb:
+        async with sb.get_queue_sender(queue, keep_alive=0) as sender:
+            await sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(8)])
+        async with sb.get_queue_receiver(queue) as receiver:
+            messages: list[Any] = []
+            deadline = time.monotonic() + MAX_WAIT
+            while len(messages) < 8 and time.monotonic() < deadline:
+                messages += await receiver.receive_messages(8 - len(messages), max_wait_time=1)
+
+            async def work(message: Any) -> None:
+                for _ in range(10):
+                    assert len(await receiver.peek_messages(8, sequence_number=1)) == 8
+                    await receiver.renew_message_lock(message)
+
+            await asyncio.gather(*(work(m) for m in messages))
+            for message in messages:
+                await receiver.complete_message(message)
+
+
+def test_frame_rewriter_numbers_transfers_as_proton_expects_and_answers_with_the_clients_ids() -> (
+    None
+):
+    # The same, frame by frame and deterministic: ids 5, 5 (twice), 7, 6 arrive; proton sees
+    # 5, 6, 7, 8; a disposition for 6..8 goes back as the client's 5, then 7, then 6.
+    import struct
+
+    from leasekit.emulators.servicebus.frames import FrameRewriter
+
+    def frame(channel: int, code: int, fields: bytes, count: int) -> bytes:
+        body = bytes((0x00, 0x53, code, 0xC0, len(fields) + 1, count)) + fields
+        return struct.pack(">IBBH", 8 + len(body), 2, 0, channel) + body
+
+    def uint(value: int) -> bytes:
+        return b"\x70" + struct.pack(">I", value)
+
+    def transfer(delivery_id: int) -> bytes:  # handle 0, id, tag, format 0, unsettled
+        return frame(0, 0x14, uint(0) + uint(delivery_id) + b"\xa0\x01t" + uint(0) + b"\x42", 5)
+
+    header = b"AMQP\x00\x01\x00\x00"
+    rewriter = FrameRewriter()
+    seen = rewriter.incoming(
+        header + frame(0, 0x11, b"\x40" + uint(5), 2) + b"".join(transfer(i) for i in (5, 5, 7, 6))
+    )
+    assert [fields[1] for code, fields in _frames(seen) if code == 0x14] == [5, 6, 7, 8]
+
+    rewriter.outgoing(header + frame(0, 0x11, b"\x60\x00\x00" + uint(0), 2))
+    out = rewriter.outgoing(frame(0, 0x15, b"\x41" + uint(6) + uint(8) + b"\x41", 4))
+    assert [(fields[1], fields[2]) for _, fields in _frames(out)] == [(5, 5), (7, 7), (6, 6)]
+
+
+def _frames(stream: bytes) -> list[tuple[int, list[Any]]]:
+    """Each AMQP frame's performative code and fields, decoded by proton."""
+    import struct
+
+    from proton import Data
+
+    frames: list[tuple[int, list[Any]]] = []
+    pos = 8 if stream.startswith(b"AMQP") else 0
+    while pos < len(stream):
+        size = struct.unpack(">I", stream[pos : pos + 4])[0]
+        data = Data()
+        data.decode(stream[pos + 8 : pos + size])
+        data.rewind()
+        data.next()
+        described = data.get_object()
+        frames.append((int(described.descriptor), list(described.value)))
+        pos += size
+    return frames
+
+
+# -- 2. AutoCreateQueues ------------------------------------------------------------------------
+#
+# Service Bus answers a name nobody created with MessagingEntityNotFound.
+
+
+def test_unknown_names_are_missing_entities_by_default(
+    client: ServiceBusClient, servicebus_server: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    from leasekit.emulators.servicebus import Broker, EntityNotFound
+    from leasekit.emulators.servicebus.config import parse_config
+
+    config = parse_config({"UserConfig": {"Namespaces": [{"Name": "ns", "Queues": []}]}})
+    assert config.auto_create is False
+    with pytest.raises(EntityNotFound):
+        Broker(config).entity("typo")
+    with pytest.raises(MessagingEntityNotFoundError):
+        send(client, servicebus_server.queue_name("typo"), ServiceBusMessage(b"x"))
+    # Opting in logs every queue created that way.
+    auto = Broker(parse_config({"Emulator": {"AutoCreateQueues": True}}))
+    with caplog.at_level(logging.WARNING, logger="leasekit.emulators.servicebus"):
+        auto.entity("orders")
+    assert "'orders'" in caplog.text and "AutoCreateQueues" in caplog.text
+
+
+# -- 3. session receivers, and every other unsupported feature, answered at once ----------------
+
+
+def test_session_receiver_on_a_plain_queue_is_refused_as_by_service_bus(
+    client: ServiceBusClient, servicebus_server: Any
+) -> None:
+    # Service Bus: "A sessionful message receiver cannot be created on an entity that
+    # does not require sessions..." (amqp:not-allowed), the message stays queued.
+    queue = servicebus_server.create_queue()
+    send(client, queue, ServiceBusMessage(b"x"))
+    started = time.monotonic()
+    with (
+        pytest.raises(ServiceBusError, match="does not require sessions"),
+        client.get_queue_receiver(queue, session_id="s1", keep_alive=0) as receiver,
+    ):
+        receiver.receive_messages(max_wait_time=5)
+    assert time.monotonic() - started < SDK_REFUSAL_BUDGET
+    with client.get_queue_receiver(queue, prefetch_count=1, keep_alive=0) as plain:
+        assert [body(m) for m in plain.peek_messages(5, sequence_number=1)] == [b"x"]
+
+
+UNSUPPORTED = [
+    ("session-queue", None, "requires sessions to create a non-sessionful"),
+    ("session-queue", "s1", "Sessions are not supported"),
+    ("subscription", None, "Topics and subscriptions are not supported"),
+    ("topic", None, "Topics and subscriptions are not supported"),
+    ("duplicate-detection", None, "RequiresDuplicateDetection"),
+]
+
+
+def entity_for(server: Any, kind: str) -> str:
+    from _fixtures.servicebus import DECLARED_DEDUP_QUEUE, DECLARED_TOPIC
+
+    if kind == "session-queue":
+        return str(server.create_queue(requires_session=True))
+    if kind == "duplicate-detection":
+        return DECLARED_DEDUP_QUEUE
+    if kind == "topic":
+        return DECLARED_TOPIC
+    return f"{DECLARED_TOPIC}/Subscriptions/sub"
+
+
+@pytest.mark.parametrize(("kind", "session_id", "match"), UNSUPPORTED)
+def test_unsupported_features_give_the_sdk_a_clear_error(
+    client: ServiceBusClient, servicebus_server: Any, kind: str, session_id: str | None, match: str
+) -> None:
+    name = entity_for(servicebus_server, kind)
+    started = time.monotonic()
+    with (
+        pytest.raises(ServiceBusError, match=match),
+        client.get_queue_receiver(name, session_id=session_id, keep_alive=0) as receiver,
+    ):
+        receiver.receive_messages(max_wait_time=5)
+    assert time.monotonic() - started < SDK_REFUSAL_BUDGET
+
+
+@pytest.mark.parametrize(("kind", "session_id", "match"), UNSUPPORTED)
+def test_unsupported_features_are_refused_at_attach_in_under_a_second(
+    servicebus_server: Any, kind: str, session_id: str | None, match: str
+) -> None:
+    from proton import symbol
+    from proton.reactor import Filter
+    from proton.utils import BlockingConnection, LinkDetached
+
+    name = entity_for(servicebus_server, kind)
+    options = Filter({symbol("com.microsoft:session-filter"): session_id}) if session_id else None
+    conn = BlockingConnection(
+        f"{servicebus_server.host}:{servicebus_server.port}", timeout=5, allowed_mechs="ANONYMOUS"
+    )
+    try:
+        started = time.monotonic()
+        with pytest.raises(LinkDetached, match=match):
+            conn.create_receiver(name, options=options)
+        assert time.monotonic() - started < REFUSAL_BUDGET
+    finally:
+        conn.close()
+
+
+def test_amqp_over_websocket_is_answered_in_plain_http(servicebus_server: Any) -> None:
+    # The SDK's TransportType.AmqpOverWebsocket opens ws://HOST:PORT on the emulator's
+    # port (websocket-client's upgrade request); the emulator says why it refuses.
+    request = (
+        b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+        b"Sec-WebSocket-Protocol: AMQPWSB10\r\n\r\n"
+    )
+    started = time.monotonic()
+    with socket.create_connection((servicebus_server.host, servicebus_server.port), 5) as sock:
+        sock.sendall(request)
+        reply = b""
+        while chunk := sock.recv(4096):
+            reply += chunk
+    assert time.monotonic() - started < REFUSAL_BUDGET
+    assert reply.startswith(b"HTTP/1.1 501 ")
+    assert b"AMQP over WebSocket is not supported" in reply
+
+
+# -- 4. batches with delivery annotations -------------------------------------------------------
+
+
+def test_batch_with_annotated_messages_delivers_each_message(
+    client: ServiceBusClient, servicebus_server: Any
+) -> None:
+    # The SDK encodes delivery annotations after the body (pyamqp encode_payload: "the
+    # delivery annotations must be finally encoded ... otherwise the event hubs
+    # service would ignore" them); the service takes sections in any order and
+    # delivers every message of a batch.
+    queue = servicebus_server.create_queue()
+    with client.get_queue_sender(queue, keep_alive=0) as sender:
+        batch = sender.create_message_batch()
+        batch.add_message(ServiceBusMessage(b"a"))
+        batch.add_message(
+            AmqpAnnotatedMessage(data_body=b"b", delivery_annotations={"trace": "t-1"})
+        )
+        batch.add_message(ServiceBusMessage(b"c"))
+        sender.send_messages(batch)
+    with client.get_queue_receiver(
+        queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE, prefetch_count=1, keep_alive=0
+    ) as receiver:
+        got = receive_until(receiver, 3)
+    assert [body(m) for m in got] == [b"a", b"b", b"c"]
+    assert [m.sequence_number for m in got] == [1, 2, 3]
+    assert got[1].raw_amqp_message.delivery_annotations == {b"trace": b"t-1"}
+
+
+# -- 5. Decimal application properties ----------------------------------------------------------
+
+
+def test_decimal_application_property_round_trips(
+    client: ServiceBusClient, servicebus_server: Any
+) -> None:
+    # decimal is a supported property type (AMQP decimal128 <-> System.Decimal in the
+    # service's type mapping). The service stores it as a .NET decimal and writes it back
+    # with azure-amqp's DecimalEncoding, the layout the SDK's decoder reads.
+    queue = servicebus_server.create_queue()
+    values = {"price": decimal.Decimal("1.25"), "delta": decimal.Decimal("-3.5")}
+    send(client, queue, ServiceBusMessage(b"d", application_properties=values))
+    expected = {k.encode(): v for k, v in values.items()}
+    with client.get_queue_receiver(
+        queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE, prefetch_count=1, keep_alive=0
+    ) as receiver:
+        [peeked] = receiver.peek_messages(1, sequence_number=1)
+        assert peeked.application_properties == expected
+        [received] = receive_until(receiver, 1)
+        assert received.application_properties == expected
+
+
+def test_decimal_beyond_system_decimal_is_refused_on_send(
+    client: ServiceBusClient, servicebus_server: Any
+) -> None:
+    # System.Decimal holds at most 28 decimal places: the service cannot store more, and
+    # the emulator refuses the send rather than deliver something else.
+    queue = servicebus_server.create_queue()
+    too_fine = decimal.Decimal("1E-40")
+    with pytest.raises(ServiceBusError, match=r"System\.Decimal"):
+        send(client, queue, ServiceBusMessage(b"d", application_properties={"p": too_fine}))
+
+
+# -- 6. settling after the receiver link detached -------------------------------------------------
+
+
+def test_settle_after_the_receive_link_detached_completes_once(servicebus_server: Any) -> None:
+    asyncio.run(_settle_after_detach(servicebus_server))
+
+
+async def _settle_after_detach(server: Any) -> None:
+    # The SDK's live test test_queue_message_settle_through_mgmt_link_due_to_broken_receiver_link
+    # detaches the receive link, then completes: the service drops the link's unsettled
+    # deliveries (azure-amqp SessionChannel.OnLinkClosed), so the SDK's settle on the dead
+    # link changes nothing and its fallback over $management completes the message.
+    queue = server.create_queue(lock_duration=30)
+    async with AsyncServiceBusClient.from_connection_string(
+        server.connection_string, retry_total=0
+    ) as sb:
+        async with sb.get_queue_sender(queue, keep_alive=0) as sender:
+            await sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(3)])
+        async with sb.get_queue_receiver(queue) as receiver:
+            messages: list[Any] = []
+            deadline = time.monotonic() + MAX_WAIT
+            while len(messages) < 3 and time.monotonic() < deadline:
+                messages += await receiver.receive_messages(3 - len(messages), max_wait_time=1)
+            await receiver._handler._link.detach()
+            for message in messages:
+                await receiver.complete_message(message)  # no MessageLockLostError
+        async with sb.get_queue_receiver(queue, prefetch_count=1, keep_alive=0) as check:
+            assert await check.peek_messages(10, sequence_number=1) == []
+        async with sb.get_queue_receiver(
+            queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER, prefetch_count=1, keep_alive=0
+        ) as dlq:
+            assert await dlq.peek_messages(10, sequence_number=1) == []
+
+
+# -- 7. delivery annotations and the lock token; Config.json properties --------------------------
+
+
+def test_delivery_annotations_are_delivered_with_the_lock_token(
+    client: ServiceBusClient, servicebus_server: Any
+) -> None:
+    # The service passes the sender's delivery annotations on and names the lock in
+    # x-opt-lock-token (ServiceBusReceivedMessage.lock_token falls back to it).
+    queue = servicebus_server.create_queue()
+    send(client, queue, AmqpAnnotatedMessage(data_body=b"x", delivery_annotations={"da": "v"}))
+    with client.get_queue_receiver(queue) as receiver:
+        [message] = receive_until(receiver, 1)
+        annotations = message.raw_amqp_message.delivery_annotations
+        assert annotations[b"da"] == b"v"
+        assert annotations[b"x-opt-lock-token"] == message.lock_token
+        receiver.complete_message(message)
+
+
+def test_config_properties_the_emulator_ignores_are_named_at_startup() -> None:
+    from leasekit.emulators.servicebus.config import parse_config
+
+    config = parse_config(
+        {
+            "UserConfig": {
+                "Namespaces": [
+                    {
+                        "Name": "ns",
+                        "Queues": [
+                            {
+                                "Name": "dedup",
+                                "Properties": {
+                                    "RequiresDuplicateDetection": True,
+                                    "DuplicateDetectionHistoryTimeWindow": "PT20S",
+                                    "MaxDeliveryCount": 3,
+                                },
+                            },
+                            {
+                                "Name": "sample",  # Microsoft's sample Config.json values
+                                "Properties": {
+                                    "RequiresDuplicateDetection": False,
+                                    "DuplicateDetectionHistoryTimeWindow": "PT20S",
+                                    "ForwardTo": "",
+                                    "LockDurationn": "PT1M",
+                                },
+                            },
+                        ],
+                        "Topics": [{"Name": "events"}],
+                    }
+                ]
+            },
+            "Emulator": {"AutoCreateQueue": True},
+        }
+    )
+    text = "\n".join(config.warnings)
+    assert "queue 'dedup': RequiresDuplicateDetection=True is not supported" in text
+    assert "queue 'sample': unknown queue property 'LockDurationn'" in text
+    assert "ForwardTo" not in text  # set to nothing: no divergence
+    assert "events" in text and "topics are not emulated" in text
+    assert "unknown Emulator setting 'AutoCreateQueue'" in text
+    assert config.queues["dedup"].unsupported == ("RequiresDuplicateDetection",)
+    assert config.queues["sample"].unsupported == ()
