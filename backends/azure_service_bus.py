@@ -4,7 +4,11 @@ URLs:
     ``azure-service-bus://NAMESPACE.servicebus.windows.net/QUEUE`` (a bare
     ``NAMESPACE`` gets ``.servicebus.windows.net`` added). Query options:
     ``lock_duration`` (seconds, see Limits), ``max_message_size``, ``max_wait``,
-    ``retry_total``. Credentials are keyword options only and are refused in a URL:
+    ``retry_total``, ``read_timeout`` (seconds an operation may wait for the
+    service's answer, default 10: the SDK's ``timeout`` and ``try_timeout``; a
+    renewal is bounded tighter, by the time left on its lease). The SDK opens
+    connections with a fixed 1 s connect timeout. Credentials are keyword options
+    only and are refused in a URL:
     ``connection_string=...`` (a namespace connection string, or one with
     ``EntityPath``) or ``credential=...`` (an ``azure-identity`` credential, an
     ``AzureNamedKeyCredential`` or ``AzureSasCredential``). Keyword form:
@@ -129,6 +133,7 @@ from typing import Any
 
 from leasekit.capabilities import Capabilities
 from leasekit.clock import to_datetime
+from leasekit.deadline import call_timeout
 from leasekit.errors import BackendNotInstalled, InvalidURL
 from leasekit.hookspecs import hookimpl
 from leasekit.options import as_float, as_int, as_text
@@ -184,6 +189,11 @@ RECEIVE_SLICE = 0.1
 #: default): a receive turn cannot end sooner than one read, and each wake-up
 #: costs a little CPU while idle.
 SOCKET_TIMEOUT = 0.05
+#: Seconds an operation may wait for the service's answer (the SDK's own default
+#: is 60); a renewal is bounded tighter, by the time left on its lease.
+DEFAULT_READ_TIMEOUT = 10.0
+#: Longest read_timeout accepted (an hour).
+MAX_READ_TIMEOUT = 3600.0
 #: The SDK refuses a zero wait; a "return at once" receive waits this long
 #: (a message already pushed to the link is returned within a millisecond).
 MIN_WAIT = 0.02
@@ -422,6 +432,8 @@ class ServiceBusDriver(Driver):
         max_message_size: the entity's maximum message size in bytes (262144 on Standard).
         max_wait: longest wait of one receive call in seconds (core loops for longer).
         retry_total: the SDK's retries per operation.
+        read_timeout: seconds an operation may wait for the service's answer (default
+            10); renewals are bounded tighter, by core's deadline.
         admin_port: with ``UseDevelopmentEmulator=true``, the emulator's HTTP port for
             queue management (default 5300, Microsoft's emulator's).
     """
@@ -441,6 +453,7 @@ class ServiceBusDriver(Driver):
         max_message_size: int | str = DEFAULT_MAX_MESSAGE_SIZE,
         max_wait: float | str = DEFAULT_MAX_WAIT,
         retry_total: int | str = 3,
+        read_timeout: float | str = DEFAULT_READ_TIMEOUT,
         admin_port: int | str = DEFAULT_ADMIN_PORT,
     ) -> None:
         install_log_redaction(SDK_LOGGERS)
@@ -518,6 +531,9 @@ class ServiceBusDriver(Driver):
         self._secret = _Secret(connection_string if connection_string is not None else credential)
         self._uses_connection_string = connection_string is not None
         self._retry_total = as_int(retry_total, "retry_total", minimum=0)
+        self._read_timeout = as_float(
+            read_timeout, "read_timeout", minimum=0.001, maximum=MAX_READ_TIMEOUT
+        )
         self._max_message_size = size
         self._client: Any = None
         self._sender: Any = None
@@ -561,7 +577,14 @@ class ServiceBusDriver(Driver):
     @classmethod
     def options_from_url(cls, url: ParsedURL) -> dict[str, Any]:
         """``azure-service-bus://NAMESPACE.servicebus.windows.net/QUEUE``; options as query."""
-        allowed = {"lock_duration", "max_message_size", "max_wait", "retry_total", "admin_port"}
+        allowed = {
+            "lock_duration",
+            "max_message_size",
+            "max_wait",
+            "retry_total",
+            "read_timeout",
+            "admin_port",
+        }
         unknown = sorted(set(url.query) - allowed)
         if unknown:
             raise InvalidURL(
@@ -590,14 +613,17 @@ class ServiceBusDriver(Driver):
 
         if self._closed:
             raise DriverError(ErrorCode.UNKNOWN, "azure-service-bus: the driver is closed")
+        # timeout: how long a settle waits for the service's answer (and management
+        # calls); try_timeout: one attempt of an operation. Renewals get less.
+        options: dict[str, Any] = {
+            "retry_total": self._retry_total,
+            "timeout": self._read_timeout,
+            "try_timeout": self._read_timeout,
+        }
         if self._uses_connection_string:
-            self._client = ServiceBusClient.from_connection_string(
-                self._secret.value, retry_total=self._retry_total
-            )
+            self._client = ServiceBusClient.from_connection_string(self._secret.value, **options)
         else:
-            self._client = ServiceBusClient(
-                self.namespace, self._secret.value, retry_total=self._retry_total
-            )
+            self._client = ServiceBusClient(self.namespace, self._secret.value, **options)
         return self._client
 
     def _get_sender(self) -> Any:
@@ -851,7 +877,7 @@ class ServiceBusDriver(Driver):
         held = self._lookup(receipt)
         try:
             with self._gate.priority():
-                until = held.receiver.renew_message_lock(held.message)
+                until = held.receiver.renew_message_lock(held.message, timeout=self._left())
         except Exception as exc:
             failure = self._lock_call_failed(receipt, exc)
             if failure is exc:
@@ -881,7 +907,9 @@ class ServiceBusDriver(Driver):
                 continue
             try:
                 with self._gate.priority():
-                    response = renew_many(*[str(h.message.lock_token) for _, h in group])
+                    response = renew_many(
+                        *[str(h.message.lock_token) for _, h in group], timeout=self._left()
+                    )
                 expirations = _expirations(response)
             except Exception as exc:
                 if self.error_code(exc) is ErrorCode.LEASE_LOST or (
@@ -902,6 +930,12 @@ class ServiceBusDriver(Driver):
         return [
             r if r is not None else DriverError(ErrorCode.UNKNOWN, "no result") for r in results
         ]
+
+    def _left(self) -> float:
+        """The time left before core's deadline for this call, at most ``read_timeout``."""
+        left = call_timeout(self._read_timeout)
+        assert left is not None
+        return left
 
     def _renew_each(
         self,

@@ -391,6 +391,7 @@ def test_servicebus_emulator_through_the_proxy(
         queue=servicebus_server.queue_name("proxy"),
         create=True,
         connection_string=connection_string(proxy.host, proxy.port),
+        admin_port=servicebus_server.http_port,
         lock_duration=5,
         retry_total=0,
     )
