@@ -96,6 +96,15 @@ class _Held:
     planned: float = 0.0
 
 
+@dataclass(eq=False)
+class _Flight:
+    """One renewal batch in flight; its timer entry is the watchdog of the batch's deadlines."""
+
+    helds: list[_Held]
+    due: float
+    done: bool = False
+
+
 class _Lane:
     """Renewal calls for one queue, on threads of its own (at most ``workers``).
 
@@ -214,7 +223,9 @@ class LeaseKeeper:
         self.stats = KeeperStats()
         self._workers = workers
         # A timer wheel: (entry, generation) in TICK-wide buckets, and a heap of bucket keys.
-        self._buckets: dict[int, list[tuple[_Held, int]]] = {}
+        # An entry is a held lease (a renewal or retry point) or a batch in flight (its
+        # watchdog, generation 0).
+        self._buckets: dict[int, list[tuple[_Held | _Flight, int]]] = {}
         self._keys: list[int] = []
         self._held: dict[int, _Held] = {}
         self._lanes: dict[int, _Lane] = {}
@@ -405,22 +416,26 @@ class LeaseKeeper:
         leases renewed together stay together and share a batch call.
         """
         jitter = random.random() * JITTER * lease.duration
-        return _deadline(lease) - self._lead(lease.duration) - jitter
+        return lease.deadline - self._lead(lease.duration) - jitter
 
     def _lead(self, duration: float) -> float:
         """How long before expiry to renew a lease of ``duration`` seconds."""
         lead = max(self.renew_at * duration, self.margin)
         return min(lead, duration * 0.5)  # short leases: renew at half-time at the latest
 
-    def _push(self, held: _Held) -> None:
-        """File ``held`` at its due time (rounded down: at most TICK early); call with the lock."""
-        held.generation += 1
-        key = int(held.due / TICK)
+    def _push(self, entry: _Held | _Flight) -> None:
+        """File ``entry`` at its due time (rounded down: at most TICK early); call with the lock."""
+        if isinstance(entry, _Held):
+            entry.generation += 1
+            item: tuple[_Held | _Flight, int] = (entry, entry.generation)
+        else:
+            item = (entry, 0)
+        key = int(entry.due / TICK)
         bucket = self._buckets.get(key)
         if bucket is not None:
-            bucket.append((held, held.generation))
+            bucket.append(item)
             return
-        self._buckets[key] = [(held, held.generation)]
+        self._buckets[key] = [item]
         heapq.heappush(self._keys, key)
         if self._keys[0] == key:
             self._cond.notify()
@@ -443,45 +458,54 @@ class LeaseKeeper:
             if renew:
                 self._dispatch(renew)
 
-    def _take_due(self) -> list[_Held] | None:
+    def _take_due(self) -> list[_Held | _Flight] | None:
         """Wait until something is due (or stop); return the due entries, ``None`` to stop."""
         keys = self._keys
         while self._state == "running":
             now = time.monotonic()
             limit = int((now + COALESCE) / TICK)
             if keys and keys[0] <= limit:
-                due: list[_Held] = []
+                due: list[_Held | _Flight] = []
                 while keys and keys[0] <= limit:
-                    for held, generation in self._buckets.pop(heapq.heappop(keys)):
-                        if held.active and held.generation == generation:
-                            due.append(held)
+                    for entry, generation in self._buckets.pop(heapq.heappop(keys)):
+                        if isinstance(entry, _Flight):
+                            if not entry.done:
+                                due.append(entry)
+                        elif entry.active and entry.generation == generation:
+                            due.append(entry)
                 return due
             timeout = keys[0] * TICK - COALESCE - now if keys else None
             self._cond.wait(timeout)
         return None
 
-    def _sort_due(self, due: list[_Held]) -> tuple[list[_Held], list[_Held]]:
-        """Split due entries (lock held): to renew, and those whose time is up.
+    def _sort_due(self, due: list[_Held | _Flight]) -> tuple[list[_Held], list[_Held]]:
+        """Split due entries (lock held): leases to renew, and leases whose time is up.
 
-        An entry with a renewal in flight is only its deadline's watchdog: when
-        the lease's time is up it is marked lost (by the caller, without the
-        lock), else it is looked at again then.
+        A batch in flight is due at the earliest deadline of its leases: those
+        whose time is up while the call hangs are marked lost (by the caller,
+        without the lock); the batch is looked at again at the next deadline.
         """
         now = time.monotonic()
         renew: list[_Held] = []
         expiring: list[_Held] = []
-        for held in due:
+        for entry in due:
+            if isinstance(entry, _Flight):
+                waiting = [h for h in entry.helds if h.in_flight and h.active]
+                expiring += [h for h in waiting if now >= h.lease.deadline]
+                later = [h.lease.deadline for h in waiting if now < h.lease.deadline]
+                if later:
+                    entry.due = min(later)
+                    self._push(entry)
+                continue
+            held = entry
+            if held.in_flight:
+                continue  # its batch's watchdog looks after it
             lease = held.lease
             if lease.state is not LeaseState.HELD:
                 self._forget(held)  # settled, or found lost by its holder
                 continue
-            deadline = _deadline(lease)
-            if now >= deadline:
+            if now >= lease.deadline:
                 expiring.append(held)
-                continue
-            if held.in_flight:
-                held.due = deadline  # the watchdog: look again when its time is up
-                self._push(held)
                 continue
             renew.append(held)
         return renew, expiring
@@ -523,9 +547,9 @@ class LeaseKeeper:
                     for held in batch:
                         held.in_flight = True
                         held.planned = held.due
-                        held.due = _deadline(held.lease)  # the watchdog
-                        self._push(held)
-                    lane.submit(partial(self._renew, batch, seconds))
+                    flight = _Flight(batch, min(held.lease.deadline for held in batch))
+                    self._push(flight)  # the watchdog of the batch's deadlines
+                    lane.submit(partial(self._renew, flight, seconds))
 
     def _release(self, held: _Held) -> None:
         """Stop renewing (max lifetime or the backend's total cap reached).
@@ -544,8 +568,9 @@ class LeaseKeeper:
             held.lease.message.id,
         )
 
-    def _renew(self, group: list[_Held], seconds: float) -> None:
+    def _renew(self, flight: _Flight, seconds: float) -> None:
         """A lane's job: renew one batch, then reschedule, retry or report each lease."""
+        group = flight.helds
         started = time.monotonic()
         # Lateness is measured when the renewal call starts, queueing included.
         self.stats.lateness.extend([max(0.0, started - held.planned) for held in group])
@@ -564,6 +589,7 @@ class LeaseKeeper:
         lead = self._lead(seconds) + random.random() * JITTER * seconds
         lost: list[tuple[_Held, errors.LeaseLost]] = []
         with self._cond:
+            flight.done = True
             for held, result in zip(group, results, strict=True):
                 held.in_flight = False
                 if isinstance(result, errors.LeaseLost):
@@ -577,7 +603,7 @@ class LeaseKeeper:
                 if result is None:
                     self.stats.renewed += 1
                     held.failures = 0
-                    held.due = _deadline(lease) - lead
+                    held.due = lease.deadline - lead
                     self._push(held)
                 elif isinstance(result, errors.LeaseStateError):
                     self._forget(held)  # settled by its holder meanwhile
@@ -593,7 +619,7 @@ class LeaseKeeper:
         self.stats.transient_failures += 1
         held.failures += 1
         backoff = min(RETRY_MAX, RETRY_START * 2 ** (held.failures - 1))
-        held.due = min(now + backoff, _deadline(held.lease))
+        held.due = min(now + backoff, held.lease.deadline)
         self._push(held)
 
     def _report_lost(self, held: _Held, error: errors.LeaseLost) -> None:
@@ -612,8 +638,3 @@ class LeaseKeeper:
         if self._held.get(id(held.lease)) is held:
             del self._held[id(held.lease)]
         self.stats.held = len(self._held)
-
-
-def _deadline(lease: Lease) -> float:
-    """The lease's deadline on :func:`time.monotonic` (core's clock)."""
-    return time.monotonic() + lease.time_left

@@ -87,6 +87,11 @@ class Lease:
         return self._record.time_left()
 
     @property
+    def deadline(self) -> float:
+        """When the lease ends by leasekit's own clock, on :func:`time.monotonic`."""
+        return self._record.deadline
+
+    @property
     def duration(self) -> float:
         """The physical lease duration last set, in seconds."""
         return self._record.duration

@@ -59,6 +59,12 @@ MAX_PEEK = 2**31 - 1
 _log = logging.getLogger("leasekit")
 
 
+def _copy_repeats(results: list[Any], repeats: list[tuple[int, int]]) -> None:
+    """Give each repeated lease's later position the result of its first one."""
+    for later, first in repeats:
+        results[later] = results[first]
+
+
 def _one(call: Callable[[], Visibility]) -> list[Visibility | BaseException]:
     """A single-receipt call's result as a batch of one."""
     return [call()]
@@ -238,7 +244,7 @@ class Queue:
             raise errors.InvalidArgument(
                 f"max_messages must be between 1 and {MAX_LEASE_BATCH}, got {max_messages}"
             )
-        seconds = self._physical_duration(duration, None)
+        seconds = self._default_duration if duration is None else self._check_duration(duration)
         wait = self._check_wait(wait)
         self._require_open()
         caps = self.capabilities
@@ -411,14 +417,15 @@ class Queue:
         checked = None if duration is None else self._check_duration(duration)
         limit = self._check_timeout(timeout)
         self._require_open()
+        if checked is not None and self.capabilities.max_total_lease is None:
+            return self._renew(leases, [checked] * len(leases), limit)  # the keeper's way
         results: list[errors.LeaseError | errors.LeaseStateError | None] = [None] * len(leases)
         seconds: list[float] = []
         for i, lease in enumerate(leases):
-            try:
-                seconds.append(self._physical_duration(checked, lease))
-            except errors.InvalidLeaseDuration as exc:
-                results[i] = exc
-                seconds.append(-1.0)
+            physical = lease.duration if checked is None else checked
+            refused = self._past_total_cap(lease, physical)
+            results[i] = refused
+            seconds.append(-1.0 if refused else physical)
         wanted = [i for i, s in enumerate(seconds) if s >= 0]
         renewed = self._renew([leases[i] for i in wanted], [seconds[i] for i in wanted], limit)
         for i, result in zip(wanted, renewed, strict=True):
@@ -574,21 +581,24 @@ class Queue:
 
     def _take(
         self, leases: Sequence[Lease], operation: str, action: str, results: list[Any]
-    ) -> list[tuple[int, Lease, str]]:
+    ) -> tuple[list[tuple[int, Lease, str]], list[tuple[int, int]]]:
         """Take each lease for ``operation``; the errors of those that cannot go to ``results``.
 
         A lease busy with another operation is waited for, at most until its
         time is up. Takes go in a fixed order (by ``id``), so two callers taking
         overlapping lists cannot wait for each other. A lease given twice is
-        taken once; its later positions get the first one's result.
+        taken once: the second list pairs each later position with its first,
+        whose result it gets (see :func:`_copy_repeats`).
         """
         order = sorted(range(len(leases)), key=lambda i: id(leases[i]))
         taken: list[tuple[int, Lease, str]] = []
         seen: dict[int, int] = {}
+        repeats: list[tuple[int, int]] = []
         for i in order:
             lease = leases[i]
             first = seen.setdefault(id(lease), i)
             if first != i:
+                repeats.append((i, first))
                 continue
             outcome = lease._record.take(operation, action, lease.message.id)
             if isinstance(outcome, str):
@@ -596,18 +606,7 @@ class Queue:
             else:
                 results[i] = outcome
         taken.sort(key=lambda item: item[0])
-        return taken
-
-    @staticmethod
-    def _fill_duplicates(leases: Sequence[Lease], results: list[Any]) -> None:
-        """Give each repeated lease the result of its first position (if any is repeated)."""
-        if len({id(lease) for lease in leases}) == len(leases):
-            return
-        first: dict[int, int] = {}
-        for i, lease in enumerate(leases):
-            j = first.setdefault(id(lease), i)
-            if j != i:
-                results[i] = results[j]
+        return taken, repeats
 
     def _settle(
         self,
@@ -622,7 +621,7 @@ class Queue:
     ) -> list[errors.LeaseError | errors.LeaseStateError | None]:
         """Settle held leases in backend-sized batches; one result each (see complete_many)."""
         results: list[Any] = [None] * len(leases)
-        taken = self._take(leases, SETTLE, action, results)
+        taken, repeats = self._take(leases, SETTLE, action, results)
         chunks = [taken[start : start + size] for start in range(0, len(taken), size)]
         done: list[Lease] = []
         try:
@@ -644,7 +643,7 @@ class Queue:
             if done and self._has_observers(hook):
                 for lease in done:
                     self._emit(hook, lease=lease, **hook_kwargs)
-        self._fill_duplicates(leases, results)
+        _copy_repeats(results, repeats)
         return results
 
     def _batch_call(
@@ -710,7 +709,7 @@ class Queue:
         ``seconds`` must already be validated.
         """
         results: list[Any] = [None] * len(leases)
-        taken = self._take(leases, RENEW, "renew", results)
+        taken, repeats = self._take(leases, RENEW, "renew", results)
         caps = self.capabilities
         late_is_lost = not caps.detects_stale_receipts
         if late_is_lost:
@@ -760,7 +759,7 @@ class Queue:
             if event and renewed and self._has_observers("leasekit_lease_renewed"):
                 for lease in renewed:
                     self._emit("leasekit_lease_renewed", lease=lease)
-        self._fill_duplicates(leases, results)
+        _copy_repeats(results, repeats)
         return results
 
     def _drop_expired(
@@ -794,7 +793,7 @@ class Queue:
         may still be honoured, and settling late harms nobody); a renewal gets
         what is left, so it never outlives the lease it renews.
         """
-        left = min(lease._record.time_left() for lease in leases)
+        left = min(lease._record.deadline for lease in leases) - time.monotonic()
         if settle or left <= 0:  # a renewal past the deadline: where stale receipts are refused
             left = max(left, MIN_SETTLE_TIMEOUT)
         return min(left, self._call_timeout if limit is None else limit)
@@ -848,21 +847,19 @@ class Queue:
         steps = math.ceil(value / resolution - 1e-9)
         return min(steps * resolution, caps.max_lease)
 
-    def _physical_duration(self, duration: float | None, lease: Lease | None) -> float:
-        if duration is None:
-            seconds = lease.duration if lease is not None else self._default_duration
-        else:
-            seconds = self._check_duration(duration)
+    def _past_total_cap(self, lease: Lease, seconds: float) -> errors.InvalidLeaseDuration | None:
+        """The error for renewing ``lease`` by ``seconds`` past the backend's total cap (SQS)."""
         cap = self.capabilities.max_total_lease
-        if lease is not None and cap is not None:
-            held = time.monotonic() - lease.received_at
-            if held + seconds > cap:
-                raise errors.InvalidLeaseDuration(
-                    f"{self._driver.scheme} keeps a message invisible for at most {cap:g} s "
-                    f"in total since it was received; this lease has had {held:.0f} s, "
-                    f"so {seconds:g} s more is refused"
-                )
-        return seconds
+        if cap is None:
+            return None
+        held = time.monotonic() - lease.received_at
+        if held + seconds <= cap:
+            return None
+        return errors.InvalidLeaseDuration(
+            f"{self._driver.scheme} keeps a message invisible for at most {cap:g} s "
+            f"in total since it was received; this lease has had {held:.0f} s, "
+            f"so {seconds:g} s more is refused"
+        )
 
     def _check_timeout(self, timeout: object, what: str = "timeout") -> float | None:
         if timeout is None:
