@@ -176,6 +176,7 @@ class BackendRegistry:
         create: bool = False,
         lease_duration: float | None = None,
         retry: RetryPolicy | None = None,
+        call_timeout: float | None = None,
         **options: Any,
     ) -> Queue:
         """Open a queue by URL (``"sqlite:///jobs.db?queue=jobs"``) or backend name plus options.
@@ -215,7 +216,13 @@ class BackendRegistry:
         except (TypeError, ValueError) as exc:
             raise InvalidURL(f"cannot open {where!r}: {redact(str(exc))}") from exc
         try:
-            queue = Queue(driver, lease_duration=lease_duration, retry=retry, hooks=self.hook)
+            queue = Queue(
+                driver,
+                lease_duration=lease_duration,
+                retry=retry,
+                hooks=self.hook,
+                call_timeout=call_timeout,
+            )
         except BaseException:
             driver.close()
             raise
@@ -318,6 +325,7 @@ def open(
     create: bool = False,
     lease_duration: float | None = None,
     retry: RetryPolicy | None = None,
+    call_timeout: float | None = None,
     **options: Any,
 ) -> Queue:
     """Open a queue.
@@ -331,7 +339,10 @@ def open(
         create: create the queue if it is missing; without it a missing queue
             raises :class:`QueueNotFound` on first use.
         lease_duration: the physical lease used when a call gives none.
-        retry: backoff for transient errors (default: 3 tries).
+        retry: backoff for transient errors (default: 3 tries, within each call's deadline).
+        call_timeout: the longest one backend call may take, retries included, when
+            nothing tighter bounds it (default 10 s): sends, admin calls, and a receive
+            beyond its long poll. Renewals and settles are bounded by the lease's time left.
         **options: backend options (credentials and clients belong here, not in the URL);
             they override options from the URL.
 
@@ -342,5 +353,10 @@ def open(
         BackendNotInstalled: the backend's extra is missing (the message says what to install).
     """
     return default_registry().open(
-        target, create=create, lease_duration=lease_duration, retry=retry, **options
+        target,
+        create=create,
+        lease_duration=lease_duration,
+        retry=retry,
+        call_timeout=call_timeout,
+        **options,
     )

@@ -22,6 +22,10 @@ Contract for every method:
 - :meth:`Driver.receive` should block for no more than ``wait`` seconds (which
   core keeps at or below ``capabilities.max_wait``), then return what it has,
   possibly nothing.
+- Every call runs under core's deadline (:mod:`leasekit.deadline`): a renewal's
+  is the time left on the lease it renews. A driver **must not block past it**:
+  it reads :func:`leasekit.deadline.call_timeout` in the calling thread and gives
+  the SDK that per-call timeout (or makes no further attempt once it passed).
 """
 
 from __future__ import annotations

@@ -186,6 +186,7 @@ PLAUSIBLE: dict[str, st.SearchStrategy[Any]] = {
     "synchronous": st.sampled_from(["NORMAL", "FULL", "normal", "off", 1, b"FULL"]),
     "create": st.booleans(),
     "lease_duration": NUMBER,
+    "call_timeout": NUMBER,
     "retry": st.one_of(
         st.builds(leasekit.RetryPolicy),
         st.builds(leasekit.RetryPolicy, attempts=st.integers(1, 3)),
@@ -195,7 +196,7 @@ OPTION_NAMES = {
     "memory": ["queue", "broker", "clock", "rotate_receipts", "max_message_size"],
     "sqlite": ["queue", "path", "clock", "busy_timeout", "synchronous", "max_message_size"],
 }
-CORE_OPTIONS = ["create", "lease_duration", "retry"]
+CORE_OPTIONS = ["create", "lease_duration", "retry", "call_timeout"]
 
 
 def _option_value(name: str, sqlite_dir: str) -> st.SearchStrategy[Any]:
@@ -375,7 +376,17 @@ QUEUE_OPS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
         "wait": _or_any(st.floats(0, 0.05), NUMBER.filter(lambda v: not 0 < v < 1e300)),
     },
     "peek_dead_letters": {"limit": _or_any(st.integers(-2, 100))},
-    "complete_many": {"leases": _or_any(st.lists(ANY, max_size=2))},
+    "complete_many": {"leases": _or_any(st.lists(ANY, max_size=2)), "timeout": _or_any(NUMBER)},
+    "renew_many": {
+        "leases": _or_any(st.lists(ANY, max_size=2)),
+        "duration": _or_any(NUMBER),
+        "timeout": _or_any(NUMBER),
+    },
+    "abandon_many": {
+        "leases": _or_any(st.lists(ANY, max_size=2)),
+        "delay": _or_any(NUMBER),
+        "timeout": _or_any(NUMBER),
+    },
 }
 LEASE_OPS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
     "renew": {"duration": _or_any(NUMBER)},
@@ -391,6 +402,7 @@ KEEPER_ARGS: dict[str, st.SearchStrategy[Any]] = {
     "max_lifetime": _or_any(NUMBER),
     "workers": _or_any(st.integers(-1, 8)),
     "on_lost": _or_any(st.just(lambda lease, error: None)),
+    "stop_timeout": _or_any(NUMBER),
 }
 CONSUMER_ARGS: dict[str, st.SearchStrategy[Any]] = {
     "handler": _or_any(st.just(lambda message: None)),
@@ -443,8 +455,8 @@ def _apply(queue: Queue, lease: Lease | None, name: str, kwargs: dict[str, Any])
             pass
     elif name == "peek_dead_letters":
         queue.peek_dead_letters(**args)
-    elif name == "complete_many":
-        queue.complete_many(args.get("leases", []))
+    elif name in ("complete_many", "renew_many", "abandon_many"):
+        getattr(queue, name)(args.pop("leases", []), **args)
     elif name == "LeaseKeeper":
         keeper = leasekit.LeaseKeeper(**args)
         keeper.start()

@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 from _fixtures.fault_targets import FaultTarget
@@ -23,6 +24,8 @@ from _fixtures.fault_targets import FaultTarget
 import leasekit
 from leasekit import LeaseKeeper, LeaseLost, LeaseState, Queue
 
+#: pytest's ``record_property`` fixture: the numbers docs/reliability.md reports.
+RecordProperty = Callable[[str, object], None]
 #: How late (seconds after its deadline) a lease may be reported lost.
 LOST_WITHIN = 1.0
 #: The Consumer's physical lease in the outage scenarios: longer than a cut.
@@ -47,17 +50,22 @@ def _lease_all(queue: Queue, count: int, duration: float) -> list[leasekit.Lease
     return leases
 
 
-def test_a_lease_whose_outage_ends_before_its_expiry_is_kept(fault_target: FaultTarget) -> None:
+def test_a_lease_whose_outage_ends_before_its_expiry_is_kept(
+    fault_target: FaultTarget, record_property: RecordProperty
+) -> None:
     proxied, direct = fault_target.queues()
     direct.send(b"kept through the outage")
     [lease] = _lease_all(proxied, 1, duration=4)
     with LeaseKeeper() as keeper, keeper.hold(lease):
         fault_target.proxy.blackhole()
+        began = time.monotonic()
         # The outage ends one second before the lease would: the renewal sent into it
         # was held, not lost, and answers in time.
         _wait_until(lambda: lease.time_left < 1.0, 5, "the outage to last until 1 s before expiry")
         fault_target.proxy.pass_()
+        record_property("outage_s", round(time.monotonic() - began, 2))
         _wait_until(lambda: keeper.stats.renewed >= 1, 3, "a renewal to succeed")
+        record_property("time_left_after_renewal_s", round(lease.time_left, 2))
         assert lease.state is LeaseState.HELD and not lease.lost.is_set()
         assert direct.lease(1, duration=5) == [], "the message was handed to a rival"
         lease.complete()
@@ -66,7 +74,7 @@ def test_a_lease_whose_outage_ends_before_its_expiry_is_kept(fault_target: Fault
 
 
 def test_a_lease_whose_expiry_passes_in_an_outage_is_lost_within_a_second(
-    fault_target: FaultTarget,
+    fault_target: FaultTarget, record_property: RecordProperty
 ) -> None:
     proxied, direct = fault_target.queues()
     direct.send_many([b"%d" % i for i in range(5)])
@@ -83,6 +91,8 @@ def test_a_lease_whose_expiry_passes_in_an_outage_is_lost_within_a_second(
         for lease in leases:
             assert lease.lost.wait(2 + LOST_WITHIN + 1), "a lease past its expiry was not lost"
         _wait_until(lambda: len(reported) == 5, 1, "on_lost for every lease")
+        lateness = [reported[i] - deadlines[i] for i in deadlines]
+        record_property("reported_lost_after_expiry_max_s", round(max(lateness), 3))
         for lease in leases:
             late = reported[lease.message.id] - deadlines[lease.message.id]
             assert late <= LOST_WITHIN, f"reported {late:.2f} s after the lease ended"
@@ -105,7 +115,7 @@ def test_a_lease_whose_expiry_passes_in_an_outage_is_lost_within_a_second(
 
 
 def test_a_hung_renewal_blocks_neither_reading_nor_settling_the_lease(
-    fault_target: FaultTarget,
+    fault_target: FaultTarget, record_property: RecordProperty
 ) -> None:
     proxied, direct = fault_target.queues()
     direct.send(b"x")
@@ -116,17 +126,21 @@ def test_a_hung_renewal_blocks_neither_reading_nor_settling_the_lease(
         started = time.monotonic()
         assert not lease.lost.is_set() and lease.state is LeaseState.HELD
         assert lease.receipt and lease.expires_at
-        assert time.monotonic() - started < 0.1, "reading a lease waited for the network"
+        read = time.monotonic() - started
+        record_property("read_while_renewal_hangs_ms", round(read * 1000, 2))
+        assert read < 0.1, "reading a lease waited for the network"
         left = lease.time_left
         started = time.monotonic()
         with pytest.raises(leasekit.LeaseError):
             lease.complete()  # waits for the hung renewal at most until the lease ends
-        assert time.monotonic() - started <= left + LOST_WITHIN + 0.5
+        waited = time.monotonic() - started
+        record_property("complete_returned_after_expiry_s", round(waited - left, 3))
+        assert waited <= left + LOST_WITHIN + 0.5
         assert lease.state is LeaseState.LOST
 
 
 def test_a_hung_endpoint_delays_no_other_queues_renewals(
-    fault_target: FaultTarget, tmp_path: object
+    fault_target: FaultTarget, tmp_path: object, record_property: RecordProperty
 ) -> None:
     proxied, direct = fault_target.queues()
     direct.send_many([b"%d" % i for i in range(8)])
@@ -139,17 +153,23 @@ def test_a_hung_endpoint_delays_no_other_queues_renewals(
             keeper.add_many(hung)
             keeper.add(kept)
             fault_target.proxy.blackhole()
+            renewed_before = keeper.stats.renewed
             until = time.monotonic() + 4  # four of the sqlite lease's lifetimes
             while time.monotonic() < until:
                 assert other.lease(1, duration=5, wait=0.2) == [], "the sqlite lease lapsed"
             assert kept.state is LeaseState.HELD
             assert all(lease.state is LeaseState.LOST for lease in hung)
+            record_property("sqlite_renewals_during_outage", keeper.stats.renewed - renewed_before)
             started = time.monotonic()
-        assert time.monotonic() - started <= keeper.stop_timeout + 0.5, "stop() waited too long"
+        stopped = time.monotonic() - started
+        record_property("stop_s", round(stopped, 3))
+        assert stopped <= keeper.stop_timeout + 0.5, "stop() waited too long"
         kept.complete()
 
 
-def test_keeper_stop_returns_promptly_while_renewals_hang(fault_target: FaultTarget) -> None:
+def test_keeper_stop_returns_promptly_while_renewals_hang(
+    fault_target: FaultTarget, record_property: RecordProperty
+) -> None:
     proxied, direct = fault_target.queues()
     direct.send_many([b"%d" % i for i in range(4)])
     leases = _lease_all(proxied, 4, duration=3)
@@ -159,7 +179,9 @@ def test_keeper_stop_returns_promptly_while_renewals_hang(fault_target: FaultTar
     _wait_until(lambda: any(lz._record.busy == "renew" for lz in leases), 3, "renewals in flight")
     started = time.monotonic()
     keeper.stop()
-    assert time.monotonic() - started <= keeper.stop_timeout + 0.5
+    stopped = time.monotonic() - started
+    record_property("stop_s", round(stopped, 3))
+    assert stopped <= keeper.stop_timeout + 0.5
 
 
 class _Cuts:
@@ -194,7 +216,9 @@ class _Cuts:
         self._thread.join()
 
 
-def test_a_consumer_rides_out_repeated_network_cuts(fault_target: FaultTarget) -> None:
+def test_a_consumer_rides_out_repeated_network_cuts(
+    fault_target: FaultTarget, record_property: RecordProperty
+) -> None:
     """The issue's scenario: a 3 s cut every 10 s while 500 messages are drained."""
     proxied, direct = fault_target.queues()
     bodies = [f"{i}-{uuid.uuid4().hex[:6]}".encode() for i in range(500)]
@@ -218,10 +242,13 @@ def test_a_consumer_rides_out_repeated_network_cuts(fault_target: FaultTarget) -
         except BaseException as exc:
             outcome.append(exc)
 
+    began = time.monotonic()
     with _Cuts(fault_target, first=1.0, length=3.0, every=10.0) as cuts:
         worker = threading.Thread(target=run)
         worker.start()
         worker.join(120)
+    record_property("run_s", round(time.monotonic() - began, 1))
+    record_property("cuts", cuts.count)
     assert not worker.is_alive(), "run() did not finish"
     assert cuts.count >= 1
     assert outcome and isinstance(outcome[0], leasekit.ConsumerStats), f"run() ended: {outcome}"
@@ -230,19 +257,26 @@ def test_a_consumer_rides_out_repeated_network_cuts(fault_target: FaultTarget) -
     # not lost, they come back when that lease ends (run(until_idle=True) does not
     # wait for invisible messages). Take them as a second consumer would.
     back_by = time.monotonic() + LEASE + 3
+    record_property("left_in_flight_by_a_cut", len(set(bodies) - set(handled)))
     while set(bodies) - set(handled) and time.monotonic() < back_by:
         for lease in direct.lease(10, duration=30, wait=1):
             handled[lease.message.body] += 1
             lease.complete()
     lost = set(bodies) - set(handled)
     duplicates = sum(count - 1 for count in handled.values())
+    record_property("lost", len(lost))
+    record_property("duplicates", duplicates)
+    record_property("settle_retries", stats.settle_retries)
+    record_property("receive_errors", stats.receive_errors)
     assert not lost, f"{len(lost)} messages never handled; {stats}"
     assert duplicates <= 5, f"{duplicates} messages handled twice"
     assert stats.settle_retries + stats.receive_errors >= 1, "the cut never hit the consumer"
     assert direct.lease(1, duration=5, wait=1) == [], "a handled message is still in the queue"
 
 
-def test_a_consumer_keeps_receiving_through_an_outage(fault_target: FaultTarget) -> None:
+def test_a_consumer_keeps_receiving_through_an_outage(
+    fault_target: FaultTarget, record_property: RecordProperty
+) -> None:
     proxied, direct = fault_target.queues()
     handled: list[bytes] = []
     consumer = leasekit.Consumer(
@@ -263,8 +297,11 @@ def test_a_consumer_keeps_receiving_through_an_outage(fault_target: FaultTarget)
         _wait_until(lambda: consumer.stats.receive_errors >= 2, 10, "failed receives")
         assert worker.is_alive() and not outcome, f"run() ended in an outage: {outcome}"
         fault_target.proxy.pass_()
+        back = time.monotonic()
         direct.send_many([b"after-%d" % i for i in range(10)])
         _wait_until(lambda: len(handled) == 10, 15, "the messages sent after the outage")
+        record_property("handled_10_after_outage_s", round(time.monotonic() - back, 2))
+        record_property("receive_errors", consumer.stats.receive_errors)
     finally:
         fault_target.proxy.pass_()
         consumer.stop()

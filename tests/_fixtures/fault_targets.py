@@ -96,7 +96,11 @@ def _mns(make: MakeProxy, request: pytest.FixtureRequest) -> FaultTarget:
 
         meta = QueueMeta()
         meta.set_visibilitytimeout(QUEUE_VISIBILITY)
-        Account(server.endpoint, *keys.values()).get_queue(name).set_attributes(meta)
+        account = Account(server.endpoint, *keys.values())
+        try:
+            account.get_queue(name).set_attributes(meta)
+        finally:
+            account.mns_client.close_connection()
 
     return FaultTarget("aliyun-mns", proxy, proxied, direct, prepare=prepare)
 
