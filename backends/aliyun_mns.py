@@ -134,7 +134,6 @@ from leasekit.options import as_float
 from leasekit.redaction import install_log_redaction
 from leasekit.registry import BackendSpec
 from leasekit.spi import (
-    DeadLetter,
     Driver,
     DriverError,
     ErrorCode,
@@ -142,6 +141,7 @@ from leasekit.spi import (
     ParsedURL,
     RawMessage,
     Visibility,
+    each,
 )
 from leasekit.url import check_endpoint
 
@@ -175,10 +175,6 @@ SDK_LOGGERS = ("mns", "mns_python_sdk")
 ENV_ACCESS_KEY_ID = "ALIBABA_CLOUD_ACCESS_KEY_ID"
 ENV_ACCESS_KEY_SECRET = "ALIBABA_CLOUD_ACCESS_KEY_SECRET"
 ENV_SECURITY_TOKEN = "ALIBABA_CLOUD_SECURITY_TOKEN"
-#: The properties core adds to a dead-letter copy (see ``Queue._dead_letter``).
-REASON_PROPERTY = "leasekit-dead-letter-reason"
-ORIGINAL_ID_PROPERTY = "leasekit-original-id"
-DELIVERY_COUNT_PROPERTY = "leasekit-delivery-count"
 #: MNS queue names: 1-120 letters, digits and hyphens, starting with a letter or digit.
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,119}$")
 #: Characters an XML text node cannot carry as they are (or that XML parsers
@@ -595,6 +591,8 @@ class AliyunMnsDriver(Driver):
             max_delete_batch=MAX_BATCH,
             max_renew_batch=1,
             max_send_batch=MAX_BATCH,
+            # BatchSendMessage takes 64 KiB of body text in all: 49,152 bytes as base64.
+            max_send_batch_bytes=MAX_BODY,
             max_message_size=MAX_BODY,
             max_wait=float(MAX_WAIT),
             max_abandon_delay=float(MAX_VISIBILITY),
@@ -649,47 +647,40 @@ class AliyunMnsDriver(Driver):
             sdk_message.add_user_property(name, _property_value(name, value))
         return sdk_message
 
-    def send(self, message: OutgoingMessage) -> str:
-        """``SendMessage`` with the base64 body and the properties as user properties."""
-        sdk_message = self._sdk_message(message)
-        with self._clients.queue(self.queue) as sdk_queue:
-            sent = sdk_queue.send_message(sdk_message)
-        return str(sent.message_id)
+    def validate(self, message: OutgoingMessage) -> None:
+        """Refuse properties MNS cannot carry (an empty value, a name that is not plain text)."""
+        for name, value in message.properties.items():
+            _property_value(name, value)
 
-    def send_batch(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
-        """``BatchSendMessage`` (≤ 16); per-message results where MNS accepted part of it."""
+    def send(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
+        """``SendMessage`` for one, ``BatchSendMessage`` (≤ 16) for several; a result per message.
+
+        MNS answers a batch it accepted only in part with per-message results.
+        """
         from mns.mns_exception import MNSServerException
 
-        results: list[str | BaseException | None] = [None] * len(messages)
-        batch: list[tuple[int, Any]] = []
-        for i, message in enumerate(messages):
+        sdk_messages = [self._sdk_message(message) for message in messages]
+        with self._clients.queue(self.queue) as sdk_queue:
+            if len(sdk_messages) == 1:
+                return [str(sdk_queue.send_message(sdk_messages[0]).message_id)]
             try:
-                batch.append((i, self._sdk_message(message)))
-            except DriverError as exc:
-                results[i] = exc
-        if batch:
-            with self._clients.queue(self.queue) as sdk_queue:
-                try:
-                    sent = sdk_queue.batch_send_message([m for _, m in batch])
-                    outcome: list[str | BaseException] = [str(m.message_id) for m in sent]
-                except MNSServerException as exc:
-                    entries = exc.sub_errors
-                    if not isinstance(entries, list) or len(entries) != len(batch):
-                        raise
-                    outcome = [
-                        str(entry["MessageId"])
-                        if "MessageId" in entry
-                        else MNSServerException(
-                            entry.get("ErrorCode", "Unknown"),
-                            entry.get("ErrorMessage", ""),
-                            exc.request_id,
-                            exc.host_id,
-                        )
-                        for entry in entries
-                    ]
-            for (i, _), result in zip(batch, outcome, strict=True):
-                results[i] = result
-        return [r if r is not None else DriverError(ErrorCode.UNKNOWN, "not sent") for r in results]
+                sent = sdk_queue.batch_send_message(sdk_messages)
+            except MNSServerException as exc:
+                entries = exc.sub_errors
+                if not isinstance(entries, list) or len(entries) != len(sdk_messages):
+                    raise  # the whole call failed
+                return [
+                    str(entry["MessageId"])
+                    if "MessageId" in entry
+                    else MNSServerException(
+                        entry.get("ErrorCode", "Unknown"),
+                        entry.get("ErrorMessage", ""),
+                        exc.request_id,
+                        exc.host_id,
+                    )
+                    for entry in entries
+                ]
+        return [str(m.message_id) for m in sent]
 
     def receive(self, max_messages: int, visibility: float, wait: float) -> list[RawMessage]:
         """``BatchReceiveMessage``: up to 16, hidden for the queue's visibility timeout.
@@ -721,27 +712,37 @@ class AliyunMnsDriver(Driver):
             raw=message,
         )
 
-    def change_visibility(self, receipt: str, seconds: float) -> Visibility:
-        """``ChangeMessageVisibility``; returns the new handle MNS issues.
+    def change_visibility(
+        self, receipts: Sequence[str], seconds: float
+    ) -> list[Visibility | BaseException]:
+        """``ChangeMessageVisibility`` for each (MNS has no batch form); returns the new handles.
 
         Core keeps ``seconds`` within the capabilities (at least ``min_lease``, and
         an abandon's delay at least ``min_abandon_delay``: MNS refuses 0).
         """
-        with self._clients.queue(self.queue) as sdk_queue:
-            changed = sdk_queue.change_message_visibility(receipt, _whole_seconds(seconds))
-        return Visibility(
-            receipt=str(changed.receipt_handle), visible_until=_ms(changed.next_visible_time)
-        )
+        whole = _whole_seconds(seconds)
 
-    def delete(self, receipt: str) -> None:
-        """``DeleteMessage`` with the receipt handle."""
-        with self._clients.queue(self.queue) as sdk_queue:
-            sdk_queue.delete_message(receipt)
+        def change(receipt: str) -> Visibility:
+            with self._clients.queue(self.queue) as sdk_queue:
+                changed = sdk_queue.change_message_visibility(receipt, whole)
+            return Visibility(str(changed.receipt_handle), _ms(changed.next_visible_time))
 
-    def delete_batch(self, receipts: Sequence[str]) -> list[BaseException | None]:
-        """``BatchDeleteMessage`` (≤ 16); MNS reports the handles that failed, one error each."""
+        return each(receipts, change)
+
+    def delete(self, receipts: Sequence[str]) -> list[BaseException | None]:
+        """``DeleteMessage`` for one, ``BatchDeleteMessage`` (≤ 16) for several; an error each.
+
+        MNS reports the handles of a batch that failed, one error each.
+        """
         from mns.mns_exception import MNSServerException
 
+        if len(receipts) == 1:
+
+            def delete_one(receipt: str) -> None:
+                with self._clients.queue(self.queue) as sdk_queue:
+                    sdk_queue.delete_message(receipt)
+
+            return each(receipts, delete_one)
         with self._clients.queue(self.queue) as sdk_queue:
             try:
                 sdk_queue.batch_delete_message(list(receipts))
@@ -761,12 +762,8 @@ class AliyunMnsDriver(Driver):
                 return [failed.get(receipt) for receipt in receipts]
         return [None] * len(receipts)
 
-    def dead_letters(self, limit: int) -> list[DeadLetter]:
-        """``BatchPeekMessage`` of up to ``min(limit, 16)`` visible messages, read as dead letters.
-
-        Core calls this on the ``<queue>-poison`` sibling. A message another
-        producer put there has no reason and no delivery count.
-        """
+    def peek(self, limit: int) -> list[RawMessage]:
+        """``BatchPeekMessage`` of up to ``min(limit, 16)`` visible messages (no receipts)."""
         from mns.mns_exception import MNSServerException
 
         with self._clients.queue(self.queue) as sdk_queue:
@@ -776,22 +773,19 @@ class AliyunMnsDriver(Driver):
                 if exc.type == "MessageNotExist":
                     return []
                 raise
-        letters = []
-        for message in peeked:
-            properties = _read_properties(message.get_user_properties())
-            reason = properties.pop(REASON_PROPERTY, None)
-            original_id = properties.pop(ORIGINAL_ID_PROPERTY, None)
-            count = properties.pop(DELIVERY_COUNT_PROPERTY, None)
-            letters.append(
-                DeadLetter(
-                    id=original_id or str(message.message_id),
-                    body=decode_body(message.message_body),
-                    reason=reason,
-                    delivery_count=int(count) if count and count.isdigit() else None,
-                    properties=properties,
-                )
+        return [
+            RawMessage(
+                id=str(message.message_id),
+                body=decode_body(message.message_body),
+                receipt="",
+                delivery_count=int(message.dequeue_count),
+                enqueued_at=_ms(message.enqueue_time),
+                visible_until=_ms(message.enqueue_time),
+                properties=_read_properties(message.get_user_properties()),
+                raw=message,
             )
-        return letters
+            for message in peeked
+        ]
 
     def sibling(self, queue: str) -> AliyunMnsDriver:
         """The queue ``queue`` on the same endpoint, sharing this driver's connections."""

@@ -40,21 +40,17 @@ Delivery semantics:
     poll: real SQS then samples a subset of its servers and may return nothing
     although messages exist; use a wait of 1 s or more when it matters.
 
-    Dead-letter is done by this driver (``native_dead_letter=True``): when the
-    queue has a redrive policy, the copy goes to its ``deadLetterTargetArn`` queue
-    (the place the rest of the AWS tooling looks, and where SQS's own redrive puts
-    messages after ``maxReceiveCount``); otherwise to ``<queue>-poison``, created
-    on first use. The copy keeps the original body text and properties and gets
-    ``leasekit-dead-letter-reason``, ``leasekit-original-id`` and
-    ``leasekit-delivery-count``; then the original is deleted (copy first, so a
-    failure in between leaves a duplicate, never a loss). Core's own fallback
-    could not do this: it always uses ``<queue>-poison``, cannot see a redrive
-    policy, would delete a shared DLQ with ``Queue.delete()``, and cannot fit the
-    three extra properties into SQS's limits (see Limits). The target is looked
-    up once per driver. ``Queue.delete()`` also deletes ``<queue>-poison``, never
-    a redrive-policy DLQ. Reading dead letters back (``peek_dead_letters``)
-    receives them with a 30 s visibility and then releases them (visibility 0):
-    SQS cannot peek, so this raises their receive count in the DLQ.
+    Dead-lettering is core's (``leasekit.dead_letters``): it copies the message,
+    with the reason, original id and delivery count as properties, to the queue
+    this driver names (:meth:`SqsDriver.dead_letter_queue`: the redrive policy's
+    ``deadLetterTargetArn`` queue, where SQS's own redrive puts messages after
+    ``maxReceiveCount`` and the rest of the AWS tooling looks) or, without a
+    redrive policy, to ``<queue>-poison``; then deletes the original. A copy too
+    large for the queue goes with its reason shortened, then without it.
+    ``Queue.delete()`` deletes ``<queue>-poison``, never a redrive-policy DLQ.
+    Reading dead letters back (``peek_dead_letters``) receives them with a 30 s
+    visibility and then releases them (visibility 0): SQS cannot peek, so this
+    raises their receive count in the DLQ.
 
 Limits:
     Leases 1 s – 12 h in whole seconds (SQS accepts 0–43200 s; a 0 s lease hides
@@ -73,8 +69,7 @@ Limits:
     each, when there are at most 10 with names SQS accepts and non-empty values;
     otherwise (more than 10 — e.g. a dead-letter copy of a message with 8 — or a
     name SQS refuses) they travel together as JSON in one attribute,
-    ``leasekit-properties``, and are unpacked on receive. A dead-letter reason
-    that does not fit is shortened.
+    ``leasekit-properties``, and are unpacked on receive.
 
 Raw types:
     ``lease.raw`` is the message dict from boto3's ``receive_message``
@@ -121,7 +116,6 @@ from leasekit.options import as_float, as_int, as_object
 from leasekit.redaction import install_log_redaction, redact_url
 from leasekit.registry import BackendSpec
 from leasekit.spi import (
-    DeadLetter,
     Driver,
     DriverError,
     ErrorCode,
@@ -159,11 +153,6 @@ PACKED = "leasekit-properties"
 #: How long ``peek_dead_letters`` hides the letters it reads before releasing
 #: them; long enough to read a few hundred, short if the release fails.
 PEEK_HIDE = 30
-#: The suffix of the dead-letter queue used when the queue has no redrive policy.
-POISON_SUFFIX = "-poison"
-REASON = "leasekit-dead-letter-reason"
-ORIGINAL_ID = "leasekit-original-id"
-DELIVERY_COUNT = "leasekit-delivery-count"
 
 _ATTRIBUTE_NAME = re.compile(r"^(?!\.)(?!.*\.\.)(?!.*\.$)[A-Za-z0-9_.-]{1,256}$")
 _BAD_TEXT = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -442,7 +431,6 @@ class SqsDriver(Driver):
         self._max_pool = as_int(max_pool_connections, "max_pool_connections", minimum=1)
         self._given_url = queue_url
         self._queue_url = queue_url
-        self._dead_letter_url: str | None = None
         self._url_lock = threading.Lock()
         self._closed = False
         self._maximum_message_size = size
@@ -472,7 +460,7 @@ class SqsDriver(Driver):
             max_send_delay=float(MAX_DELAY),
             max_ttl=None,
             supports_properties=True,
-            native_dead_letter=True,
+            native_dead_letter=False,
             delivery_count=True,
             queue_stats=True,
             inspect_dead_letters=True,
@@ -553,44 +541,36 @@ class SqsDriver(Driver):
 
     # --------------------------------------------------------------- messages
 
-    def send(self, message: OutgoingMessage) -> str:
-        """``SendMessage`` with the body base64-encoded and properties as attributes."""
-        body, attributes = self._encode(message)
-        kwargs = _send_kwargs(body, attributes, message.delay)
-        response = self.client.send_message(QueueUrl=self._url(), **kwargs)
-        message_id: str = response["MessageId"]
-        return message_id
+    def validate(self, message: OutgoingMessage) -> None:
+        """Refuse a message whose body and properties together pass the queue's limit, encoded."""
+        self._encode(message)
 
-    def send_batch(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
-        """``SendMessageBatch``, split so each request stays within the size limit."""
-        results: list[str | BaseException] = [DriverError(ErrorCode.UNKNOWN, "not sent")] * len(
-            messages
-        )
+    def send(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
+        """``SendMessage`` for one; ``SendMessageBatch`` for several, split by the size limit.
+
+        SQS limits a batch request to the queue's ``MaximumMessageSize`` in all,
+        so a batch may go as several requests; each message gets its own result.
+        """
+        encoded = [self._encode(message) for message in messages]
+        if len(messages) == 1:
+            body, attributes = encoded[0]
+            kwargs = _send_kwargs(body, attributes, messages[0].delay)
+            response = self.client.send_message(QueueUrl=self._url(), **kwargs)
+            return [str(response["MessageId"])]
+        results: list[str | BaseException] = [
+            DriverError(ErrorCode.UNKNOWN, "SQS returned no result for this message")
+        ] * len(messages)
         groups: list[list[tuple[int, dict[str, Any]]]] = [[]]
         group_size = 0
-        for index, message in enumerate(messages):
-            try:
-                body, attributes = self._encode(message)
-            except DriverError as exc:
-                # Like core's send_many: the messages before a refused one are
-                # sent, the ones after it are not.
-                results[index] = exc
-                for later in range(index + 1, len(messages)):
-                    results[later] = DriverError(
-                        ErrorCode.UNKNOWN, "not sent: an earlier message in the batch was refused"
-                    )
-                break
+        for index, ((body, attributes), message) in enumerate(zip(encoded, messages, strict=True)):
             size = len(body) + _attributes_size(attributes)
             if groups[-1] and group_size + size > self._maximum_message_size:
                 groups.append([])
                 group_size = 0
             groups[-1].append((index, _send_kwargs(body, attributes, message.delay)))
             group_size += size
-        url = None
+        url = self._url()
         for group in groups:
-            if not group:
-                continue
-            url = url or self._url()
             entries = [{"Id": str(index), **kwargs} for index, kwargs in group]
             response = self.client.send_message_batch(QueueUrl=url, Entries=entries)
             for ok in response.get("Successful", []):
@@ -637,19 +617,16 @@ class SqsDriver(Driver):
             raw=m,
         )
 
-    def change_visibility(self, receipt: str, seconds: float) -> Visibility:
-        """``ChangeMessageVisibility``; the receipt handle stays the same."""
-        now = time.time()
-        self.client.change_message_visibility(
-            QueueUrl=self._url(), ReceiptHandle=receipt, VisibilityTimeout=int(seconds)
-        )
-        return Visibility(receipt, to_datetime(now + seconds))
-
-    def change_visibility_batch(
+    def change_visibility(
         self, receipts: Sequence[str], seconds: float
     ) -> list[Visibility | BaseException]:
-        """``ChangeMessageVisibilityBatch`` (≤ 10); a failed entry gets its own error."""
+        """``ChangeMessageVisibility`` for one, ``…Batch`` (≤ 10) for several; the handle stays."""
         now = time.time()
+        if len(receipts) == 1:
+            self.client.change_message_visibility(
+                QueueUrl=self._url(), ReceiptHandle=receipts[0], VisibilityTimeout=int(seconds)
+            )
+            return [Visibility(receipts[0], to_datetime(now + seconds))]
         entries = [
             {"Id": str(i), "ReceiptHandle": r, "VisibilityTimeout": int(seconds)}
             for i, r in enumerate(receipts)
@@ -668,12 +645,14 @@ class SqsDriver(Driver):
             results[int(failed["Id"])] = _entry_error(failed)
         return results
 
-    def delete(self, receipt: str) -> None:
-        """``DeleteMessage``. A stale handle may succeed without deleting (SQS's rule)."""
-        self.client.delete_message(QueueUrl=self._url(), ReceiptHandle=receipt)
+    def delete(self, receipts: Sequence[str]) -> list[BaseException | None]:
+        """``DeleteMessage`` for one, ``DeleteMessageBatch`` (≤ 10) for several.
 
-    def delete_batch(self, receipts: Sequence[str]) -> list[BaseException | None]:
-        """``DeleteMessageBatch`` (≤ 10); a failed entry gets its own error."""
+        A stale handle may succeed without deleting (SQS's rule).
+        """
+        if len(receipts) == 1:
+            self.client.delete_message(QueueUrl=self._url(), ReceiptHandle=receipts[0])
+            return [None]
         entries = [{"Id": str(i), "ReceiptHandle": r} for i, r in enumerate(receipts)]
         response = self.client.delete_message_batch(QueueUrl=self._url(), Entries=entries)
         results: list[BaseException | None] = [
@@ -687,116 +666,53 @@ class SqsDriver(Driver):
 
     # ------------------------------------------------------------ dead letter
 
-    def dead_letter(self, receipt: str, reason: str, message: RawMessage) -> None:
-        """Send a copy with the reason to the redrive DLQ or ``<queue>-poison``, then delete."""
-        url = self._url()
-        target = self._dead_letter_target(create=True)
-        assert target is not None
-        raw = message.raw if isinstance(message.raw, Mapping) else {}
-        body = raw.get("Body")
-        if not isinstance(body, str):
-            body = base64.b64encode(message.body).decode("ascii")
-        properties = {
-            **message.properties,
-            ORIGINAL_ID: message.id,
-            DELIVERY_COUNT: str(message.delivery_count),
-            REASON: reason,
-        }
-        attributes = _encode_properties(properties)
-        room = self._maximum_message_size - len(body)
-        if _attributes_size(attributes) > room:
-            attributes = self._shorten_reason(properties, reason, room)
-        self.client.send_message(QueueUrl=target, MessageBody=body, MessageAttributes=attributes)
-        self.client.delete_message(QueueUrl=url, ReceiptHandle=receipt)
+    def dead_letter_queue(self) -> str | None:
+        """The queue named by the redrive policy's ``deadLetterTargetArn``, if the queue has one.
 
-    def _shorten_reason(self, properties: dict[str, str], reason: str, room: int) -> dict[str, Any]:
-        """The attributes with the longest prefix of ``reason`` (plus "…") that fits ``room``."""
-        low, high = 0, len(reason) - 1  # the longest fitting prefix is in [low, high]
-        best: dict[str, Any] | None = None
-        while low <= high:
-            keep = (low + high) // 2
-            properties[REASON] = reason[:keep] + "\u2026"
-            attributes = _encode_properties(properties)
-            if _attributes_size(attributes) <= room:
-                best, low = attributes, keep + 1
-            else:
-                high = keep - 1
-        if best is None:
-            raise DriverError(
-                ErrorCode.TOO_LARGE,
-                "aws-sqs: the dead-letter copy with its properties is over the queue's "
-                f"{self._maximum_message_size}-byte limit",
-                backend_code="MessageTooLong",
-            )
-        return best
-
-    def _dead_letter_target(self, *, create: bool) -> str | None:
-        """The redrive policy's DLQ URL, else ``<queue>-poison`` (created if ``create``)."""
-        if self._dead_letter_url is not None:
-            return self._dead_letter_url
+        Core copies dead letters there (where SQS's own redrive puts messages
+        after ``maxReceiveCount`` and the rest of the AWS tooling looks), else to
+        ``<queue>-poison``. SQS keeps a dead-letter queue in the source queue's
+        account and region.
+        """
         response = self.client.get_queue_attributes(
             QueueUrl=self._url(), AttributeNames=["RedrivePolicy"]
         )
         policy = response.get("Attributes", {}).get("RedrivePolicy")
-        url: str | None
-        if policy:
-            arn = json.loads(policy)["deadLetterTargetArn"]
-            _, _, _, _, owner, name = arn.split(":", 5)
-            url = self._lookup(name, owner)
-        else:
-            name = self.queue + POISON_SUFFIX
-            try:
-                url = self._lookup(name, self.account)
-            except Exception as exc:
-                if self.error_code(exc) is not ErrorCode.QUEUE_NOT_FOUND:
-                    raise
-                if not create:
-                    return None
-                url = self.client.create_queue(QueueName=name)["QueueUrl"]
-        self._dead_letter_url = url
-        return url
+        if not policy:
+            return None
+        arn = json.loads(policy)["deadLetterTargetArn"]
+        return str(arn.rsplit(":", 1)[-1])
 
-    def dead_letters(self, limit: int) -> list[DeadLetter]:
-        """Receive up to ``limit`` letters hidden for 30 s, then release them (visibility 0)."""
-        target = self._dead_letter_target(create=False)
-        if target is None:
-            return []
-        seen: dict[str, DeadLetter] = {}
+    def peek(self, limit: int) -> list[RawMessage]:
+        """Receive up to ``limit`` messages hidden for 30 s, then release them (visibility 0).
+
+        SQS cannot peek: this raises the messages' receive counts.
+        """
+        seen: dict[str, RawMessage] = {}
         handles: list[str] = []
+        url = self._url()
         try:
             while len(seen) < limit:
                 response = self.client.receive_message(
-                    QueueUrl=target,
+                    QueueUrl=url,
                     MaxNumberOfMessages=min(BATCH, limit - len(seen)),
                     VisibilityTimeout=PEEK_HIDE,
                     WaitTimeSeconds=0 if seen else 1,
-                    MessageSystemAttributeNames=["ApproximateReceiveCount"],
+                    MessageSystemAttributeNames=["ApproximateReceiveCount", "SentTimestamp"],
                     MessageAttributeNames=["All"],
                 )
                 messages = response.get("Messages", [])
                 if not messages:
                     break
+                until = to_datetime(time.time())
                 for m in messages:
                     handles.append(m["ReceiptHandle"])
-                    properties = _decode_properties(m.get("MessageAttributes", {}))
-                    reason = properties.pop(REASON, None)
-                    original = properties.pop(ORIGINAL_ID, None)
-                    count = properties.pop(DELIVERY_COUNT, None)
-                    seen.setdefault(
-                        m["MessageId"],
-                        DeadLetter(
-                            id=original or m["MessageId"],
-                            body=_decode_body(m.get("Body", "")),
-                            reason=reason,
-                            delivery_count=int(count) if count and count.isdigit() else None,
-                            properties=properties,
-                        ),
-                    )
+                    seen.setdefault(m["MessageId"], self._raw_message(m, until))
         finally:
             for start in range(0, len(handles), BATCH):
                 chunk = handles[start : start + BATCH]
                 self.client.change_message_visibility_batch(
-                    QueueUrl=target,
+                    QueueUrl=url,
                     Entries=[
                         {"Id": str(i), "ReceiptHandle": h, "VisibilityTimeout": 0}
                         for i, h in enumerate(chunk)
@@ -847,19 +763,17 @@ class SqsDriver(Driver):
                 self._queue_url = url
 
     def delete_queue(self) -> None:
-        """``DeleteQueue`` for the queue and its ``<queue>-poison``; missing ones are fine."""
-        names: list[tuple[str | None, str]] = [(self._queue_url, self.queue)]
-        names.append((None, self.queue + POISON_SUFFIX))
-        for url, name in names:
-            try:
-                self.client.delete_queue(QueueUrl=url or self._lookup(name, self.account))
-            except Exception as exc:
-                if self.error_code(exc) is not ErrorCode.QUEUE_NOT_FOUND:
-                    raise
+        """``DeleteQueue``; a missing queue is fine."""
+        try:
+            self.client.delete_queue(
+                QueueUrl=self._queue_url or self._lookup(self.queue, self.account)
+            )
+        except Exception as exc:
+            if self.error_code(exc) is not ErrorCode.QUEUE_NOT_FOUND:
+                raise
         with self._url_lock:
             if self._given_url is None:
                 self._queue_url = None
-            self._dead_letter_url = None
 
     # ----------------------------------------------------------------- errors
 

@@ -148,6 +148,7 @@ from leasekit.spi import (
     ParsedURL,
     RawMessage,
     Visibility,
+    each,
 )
 from leasekit.url import check_endpoint
 
@@ -674,90 +675,65 @@ class ServiceBusDriver(Driver):
             ) + datetime.timedelta(seconds=message.delay)
         return ServiceBusMessage(message.body, **kwargs)
 
-    def send(self, message: OutgoingMessage) -> str:
-        """``send_messages`` of one message with a fresh message id; returns the id."""
-        outgoing = self._outgoing(message)
-        with self._send_lock:
-            self._get_sender().send_messages(outgoing)
-        self._entity_missing = False
-        return str(outgoing.message_id)
+    def send(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
+        """``send_messages`` of one, or ``ServiceBusMessageBatch`` sends split at the size limit.
 
-    def send_batch(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
-        """``ServiceBusMessageBatch`` sends, split where the batch would pass the size limit.
-
-        A message refused on its own (too large) gets its error; the ones after it
-        are not sent (like core's ``send_many``).
+        Each message gets a fresh message id (its leasekit id). A message too large
+        even alone gets its error; the others are still sent.
         """
         from azure.servicebus.exceptions import MessageSizeExceededError
 
         outgoing = [self._outgoing(m) for m in messages]
-        results: list[str | BaseException] = [
-            DriverError(ErrorCode.UNKNOWN, "not sent: an earlier message in the batch failed")
-        ] * len(outgoing)
+        results: list[str | BaseException] = [str(m.message_id) for m in outgoing]
         with self._send_lock:
             sender = self._get_sender()
-            batch = sender.create_message_batch()
-            pending: list[int] = []
-            for index, message in enumerate(outgoing):
-                try:
-                    batch.add_message(message)
-                except MessageSizeExceededError as exc:
-                    if pending:
-                        self._send_pending(sender, batch, pending, outgoing, results)
-                        batch, pending = sender.create_message_batch(), []
+            if len(outgoing) == 1:
+                sender.send_messages(outgoing[0])
+            else:
+                batch, pending = sender.create_message_batch(), 0
+                for index, message in enumerate(outgoing):
+                    try:
+                        batch.add_message(message)
+                    except MessageSizeExceededError as exc:
+                        if not pending:  # too large even alone
+                            results[index] = exc
+                            continue
+                        sender.send_messages(batch)
+                        batch, pending = sender.create_message_batch(), 0
                         try:
                             batch.add_message(message)
-                        except MessageSizeExceededError as again:
-                            results[index] = again
-                            break
-                    else:
-                        results[index] = exc
-                        break
-                pending.append(index)
-            if pending:
-                self._send_pending(sender, batch, pending, outgoing, results)
+                        except MessageSizeExceededError as alone:
+                            results[index] = alone
+                            continue
+                    pending += 1
+                if pending:
+                    sender.send_messages(batch)
         self._entity_missing = False
         return results
 
-    @staticmethod
-    def _send_pending(
-        sender: Any,
-        batch: Any,
-        pending: list[int],
-        outgoing: list[Any],
-        results: list[str | BaseException],
-    ) -> None:
-        sender.send_messages(batch)
-        for i in pending:
-            results[i] = str(outgoing[i].message_id)
-
     def receive(self, max_messages: int, visibility: float, wait: float) -> list[RawMessage]:
-        """PeekLock ``receive_messages``: up to ``max_messages``, waiting up to ``wait`` s.
+        """PeekLock ``receive_messages``: up to ``max_messages``, in one short turn on the link.
 
-        ``visibility`` is always the queue's lock duration (core refuses others).
+        Receives share one link, so each takes a turn of at most ``RECEIVE_SLICE``
+        (settles and renewals go first) and returns what it got; core calls again
+        while its wait lasts. ``visibility`` is always the queue's lock duration
+        (core refuses others).
         """
-        deadline = time.monotonic() + wait
-        while True:
-            remaining = deadline - time.monotonic()
-            # Receives share one link, so they take turns in short slices: each
-            # call still returns within its own wait, however many threads lease.
-            if not self._gate.take_turn(max(remaining, 0.0)):
-                return []
-            try:
-                receiver = self._get_receiver()
-                messages = receiver.receive_messages(
-                    max_message_count=max_messages,
-                    max_wait_time=min(max(remaining, MIN_WAIT), RECEIVE_SLICE),
-                )
-            except Exception as exc:
-                self._settle_error(exc)  # notes a missing queue for later settles
-                raise
-            finally:
-                self._gate.end_turn()
-            self._entity_missing = False
-            raws = self._hold(receiver, messages)
-            if raws or time.monotonic() >= deadline:
-                break
+        if not self._gate.take_turn(max(wait, 0.0)):
+            return []
+        try:
+            receiver = self._get_receiver()
+            messages = receiver.receive_messages(
+                max_message_count=max_messages,
+                max_wait_time=min(max(wait, MIN_WAIT), RECEIVE_SLICE),
+            )
+        except Exception as exc:
+            self._note_failure(None, exc)  # a missing queue, for later settles
+            raise
+        finally:
+            self._gate.end_turn()
+        self._entity_missing = False
+        raws = self._hold(receiver, messages)
         self._check_lock_duration(raws)
         return raws
 
@@ -847,49 +823,27 @@ class ServiceBusDriver(Driver):
             with self._gate.priority():
                 getattr(held.receiver, action)(held.message, **kwargs)
         except Exception as exc:
-            failure = self._lock_call_failed(receipt, exc)
-            if failure is exc:
-                raise
-            raise failure from exc
+            self._note_failure(receipt, exc)
+            raise
         self._forget(receipt)
 
-    def _lock_call_failed(self, receipt: str, exc: Exception) -> Exception:
-        """What a failed settle or renew of ``receipt`` raises; a lost lock is forgotten."""
-        code = self._settle_error(exc)
-        if (code or self.error_code(exc)) is ErrorCode.LEASE_LOST:
-            self._forget(receipt)
-        if code is None:
-            return exc
-        return DriverError(code, f"azure-service-bus: {exc}", backend_code=self.backend_code(exc))
-
-    def _settle_error(self, exc: BaseException) -> ErrorCode | None:
-        """A translated code for SDK errors that are not themselves telling, else ``None``."""
-        if isinstance(exc, ValueError) and "shutdown" in str(exc):
-            # The SDK shut the receiver down after an error: this lock can no
-            # longer be settled. If that error was a missing entity, say so.
-            return ErrorCode.QUEUE_NOT_FOUND if self._entity_missing else ErrorCode.LEASE_LOST
-        if self.error_code(exc) is ErrorCode.QUEUE_NOT_FOUND:
+    def _note_failure(self, receipt: str | None, exc: BaseException) -> None:
+        """After a failed call: a lost lock's token is forgotten, a missing queue remembered."""
+        code = self.error_code(exc)
+        if code is ErrorCode.QUEUE_NOT_FOUND:
             self._entity_missing = True
-        return None
+        elif code is ErrorCode.LEASE_LOST and receipt is not None:
+            self._forget(receipt)
 
-    def change_visibility(self, receipt: str, seconds: float) -> Visibility:
-        """``renew_message_lock``: the lock runs for the queue's LockDuration from now."""
-        held = self._lookup(receipt)
-        try:
-            with self._gate.priority():
-                until = held.receiver.renew_message_lock(held.message, timeout=self._left())
-        except Exception as exc:
-            failure = self._lock_call_failed(receipt, exc)
-            if failure is exc:
-                raise
-            raise failure from exc
-        held.locked_until = until.timestamp()
-        return Visibility(receipt, to_datetime(held.locked_until))
-
-    def change_visibility_batch(
+    def change_visibility(
         self, receipts: Sequence[str], seconds: float
     ) -> list[Visibility | BaseException]:
-        """One renew-lock management call for all tokens; per token if one of them is lost."""
+        """``renew_message_lock``: each lock runs for the queue's LockDuration from now.
+
+        Several tokens of one receiver go in one renew-lock management call; if
+        one of them is lost that call fails, and each is then renewed alone to
+        find which.
+        """
         results: list[Visibility | BaseException | None] = [None] * len(receipts)
         groups: dict[int, list[tuple[int, _Held]]] = {}
         for index, receipt in enumerate(receipts):
@@ -912,24 +866,25 @@ class ServiceBusDriver(Driver):
                     )
                 expirations = _expirations(response)
             except Exception as exc:
-                if self.error_code(exc) is ErrorCode.LEASE_LOST or (
-                    isinstance(exc, ValueError) and "shutdown" in str(exc)
-                ):
-                    # One lost token fails the whole call: find out which, one by one.
-                    self._renew_each(receipts, group, results)
+                if self.error_code(exc) is ErrorCode.LEASE_LOST:
+                    self._renew_each(receipts, group, results)  # find the lost one(s)
                     continue
-                self._settle_error(exc)
+                self._note_failure(None, exc)
                 for index, _ in group:
                     results[index] = exc
                 continue
             for (index, held), expiry in zip(group, expirations, strict=True):
-                # Keep the SDK's client-side lock check in step with the broker.
-                held.message._expiry = to_datetime(expiry)
-                held.locked_until = expiry
+                self._renewed(held, expiry)
                 results[index] = Visibility(receipts[index], to_datetime(expiry))
         return [
             r if r is not None else DriverError(ErrorCode.UNKNOWN, "no result") for r in results
         ]
+
+    @staticmethod
+    def _renewed(held: _Held, expiry: float) -> None:
+        # Keep the SDK's client-side lock check in step with the broker.
+        held.message._expiry = to_datetime(expiry)
+        held.locked_until = expiry
 
     def _left(self) -> float:
         """The time left before core's deadline for this call, at most ``read_timeout``."""
@@ -943,19 +898,24 @@ class ServiceBusDriver(Driver):
         group: list[tuple[int, _Held]],
         results: list[Visibility | BaseException | None],
     ) -> None:
-        for index, _ in group:
+        for index, held in group:
             try:
-                results[index] = self.change_visibility(receipts[index], self.lock_duration)
+                with self._gate.priority():
+                    until = held.receiver.renew_message_lock(held.message, timeout=self._left())
             except Exception as exc:
+                self._note_failure(receipts[index], exc)
                 results[index] = exc
+                continue
+            self._renewed(held, until.timestamp())
+            results[index] = Visibility(receipts[index], to_datetime(held.locked_until))
 
-    def delete(self, receipt: str) -> None:
-        """``complete_message`` on the receiver that received it."""
-        self._settle(receipt, "complete_message")
+    def delete(self, receipts: Sequence[str]) -> list[BaseException | None]:
+        """``complete_message`` of each on the receiver that received it."""
+        return each(receipts, lambda receipt: self._settle(receipt, "complete_message"))
 
-    def abandon(self, receipt: str, delay: float) -> None:
-        """``abandon_message``: available again at once (``delay`` is always 0, core checks)."""
-        self._settle(receipt, "abandon_message")
+    def abandon(self, receipts: Sequence[str], delay: float) -> list[BaseException | None]:
+        """``abandon_message`` of each: available again at once (``delay`` is 0, core checks)."""
+        return each(receipts, lambda receipt: self._settle(receipt, "abandon_message"))
 
     def dead_letter(self, receipt: str, reason: str, message: RawMessage) -> None:
         """``dead_letter_message`` with ``reason`` as the DeadLetterReason."""
@@ -1047,9 +1007,16 @@ class ServiceBusDriver(Driver):
     # ----------------------------------------------------------------- errors
 
     def error_code(self, exc: BaseException) -> ErrorCode:
-        """Classify an SDK error by its class (the SDK's exceptions name what happened)."""
+        """Classify an SDK error by its class (the SDK's exceptions name what happened).
+
+        The SDK shuts a receiver down after an error, and then refuses to settle
+        on it (``ValueError`` "...shutdown"): that lock is lost, unless the queue
+        itself is gone.
+        """
         if isinstance(exc, DriverError):
             return exc.code
+        if isinstance(exc, ValueError) and "shutdown" in str(exc):
+            return ErrorCode.QUEUE_NOT_FOUND if self._entity_missing else ErrorCode.LEASE_LOST
         names = {cls.__name__ for cls in type(exc).__mro__}
         if names & _LOST:
             return ErrorCode.LEASE_LOST

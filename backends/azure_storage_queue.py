@@ -118,7 +118,7 @@ import ipaddress
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -131,7 +131,6 @@ from leasekit.options import as_float, as_int, as_object, as_text
 from leasekit.redaction import install_log_redaction
 from leasekit.registry import BackendSpec
 from leasekit.spi import (
-    DeadLetter,
     Driver,
     DriverError,
     ErrorCode,
@@ -139,6 +138,7 @@ from leasekit.spi import (
     ParsedURL,
     RawMessage,
     Visibility,
+    each,
 )
 from leasekit.url import check_endpoint
 
@@ -169,10 +169,6 @@ SDK_LOGGERS = ("azure.core", "azure.storage", "azure.identity", "msal", "urllib3
 #: base64 can never start with ``{``.
 ENVELOPE_PREFIX = '{"leasekit":'
 ENVELOPE_VERSION = 1
-#: The properties core adds to a dead-letter copy (see ``Queue._dead_letter``).
-REASON_PROPERTY = "leasekit-dead-letter-reason"
-ORIGINAL_ID_PROPERTY = "leasekit-original-id"
-DELIVERY_COUNT_PROPERTY = "leasekit-delivery-count"
 #: Azure queue names: 3-63 lowercase letters, digits and single hyphens,
 #: starting and ending with a letter or digit.
 _QUEUE_NAME = re.compile(r"^(?!.*--)[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$")
@@ -581,8 +577,8 @@ class AzureStorageQueueDriver(Driver):
 
     # --------------------------------------------------------------- messages
 
-    def send(self, message: OutgoingMessage) -> str:
-        """Send one message (base64 text, or the envelope when it has properties)."""
+    def validate(self, message: OutgoingMessage) -> None:
+        """Refuse a body whose text (base64, or the envelope with properties) passes 64 KiB."""
         text = encode_message(message.body, message.properties)
         if len(text) > MAX_TEXT:
             raise DriverError(
@@ -591,13 +587,23 @@ class AzureStorageQueueDriver(Driver):
                 f"characters; Azure Storage Queue takes at most {MAX_TEXT}",
                 backend_code="RequestBodyTooLarge",
             )
-        kwargs: dict[str, Any] = {}
-        if message.delay > 0:
-            kwargs["visibility_timeout"] = _whole_seconds(message.delay)
-        if message.ttl is not None:
-            kwargs["time_to_live"] = min(_whole_seconds(message.ttl), MAX_TTL)
-        sent = self._client.send_message(text, **kwargs, **self._timeouts())
-        return str(sent.id)
+
+    def send(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
+        """``Put Message`` for each (base64 text, or the envelope when it has properties).
+
+        The service has no batch send.
+        """
+
+        def put(message: OutgoingMessage) -> str:
+            kwargs: dict[str, Any] = {}
+            if message.delay > 0:
+                kwargs["visibility_timeout"] = _whole_seconds(message.delay)
+            if message.ttl is not None:
+                kwargs["time_to_live"] = min(_whole_seconds(message.ttl), MAX_TTL)
+            text = encode_message(message.body, message.properties)
+            return str(self._client.send_message(text, **kwargs, **self._timeouts()).id)
+
+        return each(messages, put)
 
     def receive(self, max_messages: int, visibility: float, wait: float) -> list[RawMessage]:
         """One receive request for up to ``max_messages`` (≤ 32); no long poll."""
@@ -625,55 +631,65 @@ class AzureStorageQueueDriver(Driver):
             raw=message,
         )
 
-    def change_visibility(self, receipt: str, seconds: float) -> Visibility:
-        """``update_message`` with an explicit visibility (0 releases); returns the new receipt."""
-        message_id, pop_receipt = _receipt_parts(receipt)
-        updated = self._client.update_message(
-            message_id,
-            pop_receipt,
-            visibility_timeout=_whole_seconds(seconds),
-            **self._timeouts(),
-        )
-        return Visibility(
-            receipt=f"{message_id}:{updated.pop_receipt}",
-            visible_until=_when(updated.next_visible_on),
-        )
+    def change_visibility(
+        self, receipts: Sequence[str], seconds: float
+    ) -> list[Visibility | BaseException]:
+        """``Update Message`` for each, with an explicit visibility (0 releases).
 
-    def delete(self, receipt: str) -> None:
-        """``delete_message`` with the receipt's pop receipt."""
-        message_id, pop_receipt = _receipt_parts(receipt)
-        self._client.delete_message(message_id, pop_receipt, **self._timeouts())
-
-    def dead_letters(self, limit: int) -> list[DeadLetter]:
-        """Peek up to ``min(limit, 32)`` messages of this queue, read as dead letters.
-
-        Core calls this on the ``<queue>-poison`` sibling. Messages other
-        producers put there (Azure Functions moves poison messages as they
-        are) have no reason and no delivery count.
+        Each returns a new pop receipt; the service has no batch update.
         """
+        whole = _whole_seconds(seconds)
+
+        def update(receipt: str) -> Visibility:
+            message_id, pop_receipt = _receipt_parts(receipt)
+            updated = self._client.update_message(
+                message_id, pop_receipt, visibility_timeout=whole, **self._timeouts()
+            )
+            return Visibility(
+                receipt=f"{message_id}:{updated.pop_receipt}",
+                visible_until=_when(updated.next_visible_on),
+            )
+
+        return each(receipts, update)
+
+    def delete(self, receipts: Sequence[str]) -> list[BaseException | None]:
+        """``Delete Message`` for each, with its pop receipt (the service has no batch delete)."""
+
+        def delete_one(receipt: str) -> None:
+            message_id, pop_receipt = _receipt_parts(receipt)
+            self._client.delete_message(message_id, pop_receipt, **self._timeouts())
+
+        return each(receipts, delete_one)
+
+    def peek(self, limit: int) -> list[RawMessage]:
+        """``Peek Messages``: up to ``min(limit, 32)`` visible messages, no receipts."""
         peeked = self._client.peek_messages(
             max_messages=min(limit, MAX_RECEIVE), **self._timeouts()
         )
         letters = []
         for message in peeked:
             body, properties = decode_message(message.content)
-            reason = properties.pop(REASON_PROPERTY, None)
-            original_id = properties.pop(ORIGINAL_ID_PROPERTY, None)
-            count = properties.pop(DELIVERY_COUNT_PROPERTY, None)
             letters.append(
-                DeadLetter(
-                    id=original_id or str(message.id),
+                RawMessage(
+                    id=str(message.id),
                     body=body,
-                    reason=reason,
-                    delivery_count=int(count) if count and count.isdigit() else None,
+                    receipt="",
+                    delivery_count=int(message.dequeue_count or 0),
+                    enqueued_at=_when(message.inserted_on),
+                    visible_until=_when(message.inserted_on),
                     properties=properties,
+                    raw=message,
                 )
             )
         return letters
 
     def sibling(self, queue: str) -> AzureStorageQueueDriver:
         """The queue ``queue`` on the same account, sharing this driver's connection pool."""
-        return AzureStorageQueueDriver(queue=queue, service_client=self._service)
+        twin = AzureStorageQueueDriver(queue=queue, service_client=self._service)
+        twin._connection_timeout = self._connection_timeout
+        twin._read_timeout = self._read_timeout
+        twin._sdk_retries = self._sdk_retries
+        return twin
 
     # ------------------------------------------------------------------ admin
 

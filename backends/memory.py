@@ -37,7 +37,6 @@ import threading
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 
 from leasekit.capabilities import Capabilities
 from leasekit.clock import Clock, SystemClock, to_datetime
@@ -275,30 +274,29 @@ class MemoryDriver(Driver):
 
     # --------------------------------------------------------------- messages
 
-    def send(self, message: OutgoingMessage) -> str:
-        """Add a message."""
+    def send(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
+        """Add messages, under one lock."""
         broker = self.broker
         with broker.cond:
             q = self._q()
             now = self._clock.time()
-            message_id = secrets.token_hex(12)
-            rec = _Record(
-                id=message_id,
-                body=message.body,
-                properties=dict(message.properties),
-                enqueued_at=now,
-                visible_at=now + message.delay,
-                expires_at=now + message.ttl if message.ttl is not None else None,
-                seq=broker.next_seq(),
-            )
-            q.records[message_id] = rec
-            q.push(rec)
+            ids: list[str | BaseException] = []
+            for message in messages:
+                message_id = secrets.token_hex(12)
+                rec = _Record(
+                    id=message_id,
+                    body=message.body,
+                    properties=dict(message.properties),
+                    enqueued_at=now,
+                    visible_at=now + message.delay,
+                    expires_at=now + message.ttl if message.ttl is not None else None,
+                    seq=broker.next_seq(),
+                )
+                q.records[message_id] = rec
+                q.push(rec)
+                ids.append(message_id)
             broker.cond.notify_all()
-            return message_id
-
-    def send_batch(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
-        """Add several messages."""
-        return [self.send(m) for m in messages]
+            return ids
 
     def receive(self, max_messages: int, visibility: float, wait: float) -> list[RawMessage]:
         """Lease up to ``max_messages``; wait up to ``wait`` seconds for the first."""
@@ -348,45 +346,10 @@ class MemoryDriver(Driver):
             )
         return out
 
-    def change_visibility(self, receipt: str, seconds: float) -> Visibility:
-        """Hide the message for ``seconds`` from now (0: visible at once)."""
-        with self.broker.cond:
-            now = self._clock.time()
-            until = to_datetime(now + seconds)
-            return self._change_visibility(self._q(), receipt, seconds, now, until)
-
-    def _change_visibility(
-        self, q: _MemoryQueue, receipt: str, seconds: float, now: float, until: datetime
-    ) -> Visibility:
-        """Change visibility; the caller holds the broker lock."""
-        rec = self._held(q, receipt, now)
-        q.move(rec, now + seconds)
-        if self._rotate:
-            rec.receipt = f"{rec.id}:{secrets.token_hex(8)}"
-        if seconds <= 0:
-            self.broker.cond.notify_all()
-        assert rec.receipt is not None
-        return Visibility(rec.receipt, until)
-
-    def abandon(self, receipt: str, delay: float) -> None:
-        """Release the message, visible again after ``delay``; its receipt stops working.
-
-        Clearing the receipt is what makes ``stats()`` count a message abandoned with
-        a delay as delayed, not leased.
-        """
-        with self.broker.cond:
-            q = self._q()
-            now = self._clock.time()
-            rec = self._held(q, receipt, now)
-            q.move(rec, now + delay)
-            rec.receipt = None
-            if delay <= 0:
-                self.broker.cond.notify_all()
-
-    def change_visibility_batch(
+    def change_visibility(
         self, receipts: Sequence[str], seconds: float
     ) -> list[Visibility | BaseException]:
-        """Change visibility for several receipts under one lock."""
+        """Hide each message for ``seconds`` from now (0: visible at once), under one lock."""
         results: list[Visibility | BaseException] = []
         with self.broker.cond:
             q = self._q()
@@ -394,20 +357,25 @@ class MemoryDriver(Driver):
             until = to_datetime(now + seconds)
             for receipt in receipts:
                 try:
-                    results.append(self._change_visibility(q, receipt, seconds, now, until))
+                    rec = self._held(q, receipt, now)
                 except DriverError as exc:
                     results.append(exc)
+                    continue
+                q.move(rec, now + seconds)
+                if self._rotate:
+                    rec.receipt = f"{rec.id}:{secrets.token_hex(8)}"
+                assert rec.receipt is not None
+                results.append(Visibility(rec.receipt, until))
+            if seconds <= 0:
+                self.broker.cond.notify_all()
         return results
 
-    def delete(self, receipt: str) -> None:
-        """Delete the leased message."""
-        with self.broker.cond:
-            q = self._q()
-            rec = self._held(q, receipt, self._clock.time())
-            del q.records[rec.id]
+    def abandon(self, receipts: Sequence[str], delay: float) -> list[BaseException | None]:
+        """Release the messages, visible again after ``delay``; their receipts stop working.
 
-    def delete_batch(self, receipts: Sequence[str]) -> list[BaseException | None]:
-        """Delete several under one lock."""
+        Clearing the receipt is what makes ``stats()`` count a message abandoned with
+        a delay as delayed, not leased.
+        """
         results: list[BaseException | None] = []
         with self.broker.cond:
             q = self._q()
@@ -415,10 +383,30 @@ class MemoryDriver(Driver):
             for receipt in receipts:
                 try:
                     rec = self._held(q, receipt, now)
-                    del q.records[rec.id]
-                    results.append(None)
                 except DriverError as exc:
                     results.append(exc)
+                    continue
+                q.move(rec, now + delay)
+                rec.receipt = None
+                results.append(None)
+            if delay <= 0:
+                self.broker.cond.notify_all()
+        return results
+
+    def delete(self, receipts: Sequence[str]) -> list[BaseException | None]:
+        """Delete the leased messages, under one lock."""
+        results: list[BaseException | None] = []
+        with self.broker.cond:
+            q = self._q()
+            now = self._clock.time()
+            for receipt in receipts:
+                try:
+                    rec = self._held(q, receipt, now)
+                except DriverError as exc:
+                    results.append(exc)
+                    continue
+                del q.records[rec.id]
+                results.append(None)
         return results
 
     def dead_letter(self, receipt: str, reason: str, message: RawMessage) -> None:

@@ -39,8 +39,8 @@ import os
 import secrets
 import sqlite3
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from leasekit.capabilities import Capabilities
 from leasekit.clock import Clock, SystemClock, to_datetime
@@ -59,6 +59,8 @@ from leasekit.spi import (
     RawMessage,
     Visibility,
 )
+
+T = TypeVar("T")
 
 __all__ = ["SqliteDriver"]
 
@@ -283,15 +285,8 @@ class SqliteDriver(Driver):
 
     # --------------------------------------------------------------- messages
 
-    def send(self, message: OutgoingMessage) -> str:
-        """Insert one message."""
-        result = self.send_batch([message])[0]
-        if isinstance(result, BaseException):
-            raise result
-        return result
-
-    def send_batch(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
-        """Insert several messages in one transaction."""
+    def send(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
+        """Insert messages in one transaction."""
         now = self._clock.time()
         rows = []
         ids: list[str | BaseException] = []
@@ -374,63 +369,33 @@ class SqliteDriver(Driver):
             (self.queue, now),
         )
 
-    def change_visibility(self, receipt: str, seconds: float) -> Visibility:
-        """Hide the message for ``seconds`` from now."""
-        result = self.change_visibility_batch([receipt], seconds)[0]
-        if isinstance(result, BaseException):
-            raise result
-        return result
+    def change_visibility(
+        self, receipts: Sequence[str], seconds: float
+    ) -> list[Visibility | BaseException]:
+        """Hide each message for ``seconds`` from now, in one transaction."""
+        until = self._clock.time() + seconds
+        return self._update(
+            receipts,
+            f"UPDATE leasekit_messages SET visible_at = ? WHERE {_HELD}",
+            until,
+            lambda receipt: Visibility(receipt, to_datetime(until)),
+        )
 
-    def abandon(self, receipt: str, delay: float) -> None:
-        """Release the message, visible again after ``delay``; its receipt stops working.
+    def abandon(self, receipts: Sequence[str], delay: float) -> list[BaseException | None]:
+        """Release the messages, visible again after ``delay``; their receipts stop working.
 
         Clearing the receipt is what makes ``stats()`` count a message abandoned with
         a delay as delayed, not leased.
         """
-        with self._lock:
-            conn = self._connection()
-            now = self._clock.time()
-            with self._write(conn):
-                cursor = conn.execute(
-                    f"UPDATE leasekit_messages SET visible_at = ?, receipt = NULL WHERE {_HELD}",
-                    (now + delay, _seq_of(receipt), receipt, self.queue, now),
-                )
-                if cursor.rowcount != 1:
-                    self._exists(conn)
-                    raise _lost(f"receipt {receipt!r} is stale or its message is gone")
+        return self._update(
+            receipts,
+            f"UPDATE leasekit_messages SET visible_at = ?, receipt = NULL WHERE {_HELD}",
+            self._clock.time() + delay,
+            lambda receipt: None,
+        )
 
-    def change_visibility_batch(
-        self, receipts: Sequence[str], seconds: float
-    ) -> list[Visibility | BaseException]:
-        """Change visibility for several receipts in one transaction."""
-        results: list[Visibility | BaseException] = []
-        with self._lock:
-            conn = self._connection()
-            now = self._clock.time()
-            until = now + seconds
-            with self._write(conn):
-                for receipt in receipts:
-                    cursor = conn.execute(
-                        f"UPDATE leasekit_messages SET visible_at = ? WHERE {_HELD}",
-                        (until, _seq_of(receipt), receipt, self.queue, now),
-                    )
-                    if cursor.rowcount == 1:
-                        results.append(Visibility(receipt, to_datetime(until)))
-                    else:
-                        self._exists(conn)
-                        results.append(
-                            _lost(f"receipt {receipt!r} is stale or its message is gone")
-                        )
-        return results
-
-    def delete(self, receipt: str) -> None:
-        """Delete the leased message."""
-        result = self.delete_batch([receipt])[0]
-        if result is not None:
-            raise result
-
-    def delete_batch(self, receipts: Sequence[str]) -> list[BaseException | None]:
-        """Delete several in one transaction."""
+    def delete(self, receipts: Sequence[str]) -> list[BaseException | None]:
+        """Delete the leased messages in one transaction."""
         results: list[BaseException | None] = []
         with self._lock:
             conn = self._connection()
@@ -443,6 +408,32 @@ class SqliteDriver(Driver):
                     )
                     if cursor.rowcount == 1:
                         results.append(None)
+                    else:
+                        self._exists(conn)
+                        results.append(
+                            _lost(f"receipt {receipt!r} is stale or its message is gone")
+                        )
+        return results
+
+    def _update(
+        self,
+        receipts: Sequence[str],
+        statement: str,
+        visible_at: float,
+        ok: Callable[[str], T],
+    ) -> list[T | BaseException]:
+        """Run ``statement`` for each held receipt in one transaction; ``ok(receipt)`` each."""
+        results: list[T | BaseException] = []
+        with self._lock:
+            conn = self._connection()
+            now = self._clock.time()
+            with self._write(conn):
+                for receipt in receipts:
+                    cursor = conn.execute(
+                        statement, (visible_at, _seq_of(receipt), receipt, self.queue, now)
+                    )
+                    if cursor.rowcount == 1:
+                        results.append(ok(receipt))
                     else:
                         self._exists(conn)
                         results.append(

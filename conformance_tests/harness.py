@@ -109,24 +109,65 @@ class UrlHarness(Harness):
         return self._opener(self.target, queue=name, create=create, **self.options)
 
 
-class CountingDriver:
-    """A transparent proxy that counts every call made to a driver.
+#: The driver methods that reach the backend (``validate`` and the error
+#: classifiers make no call, by the SPI's contract).
+BACKEND_CALLS = (
+    "send",
+    "receive",
+    "change_visibility",
+    "delete",
+    "abandon",
+    "dead_letter",
+    "dead_letter_queue",
+    "dead_letters",
+    "peek",
+    "stats",
+    "sibling",
+    "create_queue",
+    "delete_queue",
+)
 
-    The suite swaps it into a queue to prove that bad input is refused
-    before any backend call.
+
+class CountingDriver:
+    """Counts the backend calls made to a driver: a transparent proxy, or installed in place.
+
+    The suite installs one on a queue's driver (:meth:`install`) to prove that
+    bad input is refused before any backend call, and removes it after
+    (:meth:`uninstall`); as a proxy (``CountingDriver(driver)``) it counts the
+    calls made through it.
     """
 
     def __init__(self, driver: Driver) -> None:
         self._driver = driver
         self.calls: list[str] = []
+        self._installed: list[str] = []
+
+    @classmethod
+    def install(cls, driver: Driver) -> CountingDriver:
+        """Count the backend calls ``driver`` gets from now on, until :meth:`uninstall`."""
+        counter = cls(driver)
+        for name in BACKEND_CALLS:
+            original = getattr(driver, name, None)
+            if original is not None:
+                setattr(driver, name, counter._counted(name, original))
+                counter._installed.append(name)
+        return counter
+
+    def uninstall(self) -> None:
+        """Stop counting: the driver's own methods again."""
+        for name in self._installed:
+            delattr(self._driver, name)
+        self._installed.clear()
+
+    def _counted(self, name: str, value: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            return value(*args, **kwargs)
+
+        return counted
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._driver, name)
-        if callable(value) and not name.startswith("_") and name not in ("capabilities",):
-
-            def counted(*args: Any, **kwargs: Any) -> Any:
-                self.calls.append(name)
-                return value(*args, **kwargs)
-
-            return counted
+        if name in BACKEND_CALLS:
+            return self._counted(name, value)
         return value

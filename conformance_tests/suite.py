@@ -566,10 +566,8 @@ class ConformanceSuite:
 
     @staticmethod
     def _count_calls(queue: Queue) -> CountingDriver:
-        counting = CountingDriver(queue._driver)
-        queue._driver = counting  # type: ignore[assignment]
-        return counting
+        return CountingDriver.install(queue.driver)
 
     @staticmethod
     def _restore(queue: Queue, counting: CountingDriver) -> None:
-        queue._driver = counting._driver
+        counting.uninstall()

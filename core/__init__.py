@@ -36,6 +36,7 @@ from .errors import (
     QueueAlreadyExists,
     QueueEmpty,
     QueueNotFound,
+    SendIncomplete,
     UnsupportedOperation,
 )
 from .hookspecs import hookimpl
@@ -87,6 +88,7 @@ __all__ = [
     "QueueNotFound",
     "QueueStats",
     "RetryPolicy",
+    "SendIncomplete",
     "SqliteIdempotencyStore",
     "SystemClock",
     "UnsupportedOperation",

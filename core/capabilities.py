@@ -52,6 +52,10 @@ class Capabilities:
     max_renew_batch: int = 1
     #: Most messages one send call takes (1 = no batch form).
     max_send_batch: int = 1
+    #: Most bytes of bodies and property names and values one send call takes
+    #: together (MNS: 64 KiB of text, i.e. 49,152 body bytes); ``None``: only the
+    #: per-message limit. Core splits ``send_many`` batches to stay within it.
+    max_send_batch_bytes: int | None = None
     #: Largest body in bytes, as the caller gives it (after any encoding overhead).
     max_message_size: int = 65536
     #: Longest a single receive may wait for messages; 0 if the backend cannot long-poll.
@@ -91,6 +95,8 @@ class Capabilities:
         for name in ("max_receive_batch", "max_delete_batch", "max_renew_batch", "max_send_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Capabilities: {name} must be at least 1")
+        if self.max_send_batch_bytes is not None and self.max_send_batch_bytes < 1:
+            raise ValueError("Capabilities: max_send_batch_bytes must be at least 1 or None")
 
     def replace(self, **changes: Any) -> Capabilities:
         """A copy with some fields changed."""

@@ -15,6 +15,7 @@ on ``.backend_code``. Grouped by what the caller does next::
     │   └── InvalidURL                      a URL or option that cannot be used
     ├── BackendNotFound (LookupError)       no installed backend has that scheme
     ├── BackendNotInstalled (ImportError)   the backend's extra is not installed
+    ├── SendIncomplete              send_many sent some messages, not all: id or error per message
     ├── BackendUnavailable          transient: network, throttling, 5xx; retry later
     ├── AuthenticationFailed        bad or missing credentials, access denied
     ├── UnsupportedOperation        the backend cannot do this (see its Capabilities)
@@ -41,6 +42,7 @@ __all__ = [
     "QueueAlreadyExists",
     "QueueEmpty",
     "QueueNotFound",
+    "SendIncomplete",
     "UnsupportedOperation",
 ]
 
@@ -97,6 +99,31 @@ class BackendNotFound(LeaseError, LookupError):
 
 class BackendNotInstalled(LeaseError, ImportError):
     """Raised when a backend's optional dependencies are not installed."""
+
+
+class SendIncomplete(LeaseError):
+    """Raised when ``send_many`` could not send every message; nothing sent is lost to the caller.
+
+    ``results`` holds one entry per message, in the order given: the id it was
+    sent with (a ``str``), or the :class:`LeaseError` it got (those after a call
+    that failed as a whole get that call's error: they were not sent). Send the
+    failed ones again, not the whole list.
+    """
+
+    def __init__(self, message: str, results: list[str | LeaseError]) -> None:
+        first = next((r for r in results if isinstance(r, LeaseError)), None)
+        super().__init__(message, backend_code=first.backend_code if first else None)
+        self.results = results
+
+    @property
+    def sent(self) -> dict[int, str]:
+        """Position -> id of every message that was sent."""
+        return {i: r for i, r in enumerate(self.results) if isinstance(r, str)}
+
+    @property
+    def failed(self) -> dict[int, LeaseError]:
+        """Position -> error of every message that was not sent."""
+        return {i: r for i, r in enumerate(self.results) if isinstance(r, LeaseError)}
 
 
 class BackendUnavailable(LeaseError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -12,10 +13,11 @@ from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
-from . import errors
+from . import dead_letters, errors
 from .capabilities import Capabilities
 from .deadline import deadline
 from .error_mapping import wrap_error
+from .events import Events
 from .lease import Lease
 from .lease_record import RENEW, SETTLE
 from .message import LeaseState, Message
@@ -37,9 +39,8 @@ T = TypeVar("T")
 #: receives of ``capabilities.max_receive_batch``. Bounded so a typo cannot
 #: lease a whole queue into one process.
 MAX_LEASE_BATCH = 1000
-#: Where core dead-letters on backends without a native dead-letter store
-#: (Azure Functions' convention).
-POISON_SUFFIX = "-poison"
+#: Where core dead-letters on backends without a dead-letter store or queue of their own.
+POISON_SUFFIX = dead_letters.POISON_SUFFIX
 #: Polling between empty receives on backends that cannot long-poll: start
 #: small for latency, back off to keep an idle SQLite file cheap.
 POLL_START = 0.005
@@ -65,9 +66,16 @@ def _copy_repeats(results: list[Any], repeats: list[tuple[int, int]]) -> None:
         results[later] = results[first]
 
 
-def _one(call: Callable[[], Visibility]) -> list[Visibility | BaseException]:
-    """A single-receipt call's result as a batch of one."""
-    return [call()]
+#: Not asked yet (``Driver.dead_letter_queue`` may be ``None``).
+_UNKNOWN = object()
+
+
+def _weight(message: OutgoingMessage) -> int:
+    """What a message counts against ``max_send_batch_bytes``: body, property names and values."""
+    return len(message.body) + sum(
+        len(k.encode("utf-8", "surrogatepass")) + len(v.encode("utf-8", "surrogatepass"))
+        for k, v in message.properties.items()
+    )
 
 
 def _number(value: object) -> bool:
@@ -112,9 +120,10 @@ class Queue:
         self._call_timeout = self._check_timeout(call_timeout, "call_timeout") or (
             DEFAULT_CALL_TIMEOUT
         )
-        self._hooks = hooks
+        self._events = Events(hooks)
         self._closed = False
-        self._poison: Driver | None = None
+        self._poison: Driver | None = None  # where core copies dead letters (opened on first use)
+        self._named_dead_letter_queue: object = _UNKNOWN
         self._poison_lock = threading.Lock()
         self._log = _log
         caps = driver.capabilities
@@ -144,6 +153,11 @@ class Queue:
     def default_lease_duration(self) -> float:
         """The physical lease used when a call gives none."""
         return self._default_duration
+
+    @property
+    def events(self) -> Events:
+        """The plugin event hooks this queue's work reports to (see :mod:`leasekit.events`)."""
+        return self._events
 
     @property
     def call_timeout(self) -> float:
@@ -181,7 +195,10 @@ class Queue:
         outgoing = self._outgoing(body, delay, ttl, properties)
         self._require_open()
         with deadline(self._call_timeout):
-            return self._call("send", lambda: self._driver.send(outgoing))
+            [result] = self._call("send", partial(self._driver.send, [outgoing]))
+        if isinstance(result, BaseException):
+            raise self._entry_error(result, "send")
+        return result
 
     def send_many(
         self,
@@ -193,27 +210,61 @@ class Queue:
     ) -> list[str]:
         """Send several messages (in batches where the backend has a batch form); return ids.
 
-        Every body is validated before anything is sent. If a batch fails part
-        way, the first error is raised; the messages before it were sent.
+        Every message is validated before anything is sent. Batches follow the
+        backend's limits (``max_send_batch`` messages, ``max_send_batch_bytes``).
+
+        Raises:
+            InvalidArgument, MessageTooLarge, UnsupportedOperation: a message that
+                cannot be sent (nothing is sent).
+            SendIncomplete: some messages were not sent; its ``results`` give, per
+                message, the id it was sent with or the error it got. After a batch
+                call that failed as a whole, the rest are not tried (they get its error).
         """
         outgoing = [
             self._outgoing(body, delay, ttl, properties) for body in as_items(bodies, "bodies")
         ]
         self._require_open()
-        ids: list[str] = []
-        size = self.capabilities.max_send_batch
-        for start in range(0, len(outgoing), size):
-            chunk = outgoing[start : start + size]
-            with deadline(self._call_timeout):
-                if len(chunk) == 1:
-                    ids.append(self._call("send", partial(self._driver.send, chunk[0])))
-                    continue
-                results = self._call("send", partial(self._driver.send_batch, chunk))
-            for result in results:
-                if isinstance(result, BaseException):
-                    raise wrap_error(self._driver, result, "send") from result
-                ids.append(result)
-        return ids
+        results: list[str | errors.LeaseError] = []
+        failure: errors.LeaseError | None = None
+        for chunk in self._send_batches(outgoing):
+            if failure is not None:
+                results += [failure] * len(chunk)
+                continue
+            try:
+                with deadline(self._call_timeout):
+                    sent = self._call("send", partial(self._driver.send, chunk))
+            except errors.LeaseError as exc:
+                failure = exc
+                results += [exc] * len(chunk)
+                continue
+            results += [
+                self._entry_error(r, "send") if isinstance(r, BaseException) else r for r in sent
+            ]
+        failed = [r for r in results if isinstance(r, errors.LeaseError)]
+        if failed:
+            error = errors.SendIncomplete(
+                f"send_many on {self.name!r}: {len(results) - len(failed)} of {len(results)} "
+                f"messages sent; the first failure: {failed[0]}",
+                results,
+            )
+            raise error from failed[0]
+        return [r for r in results if isinstance(r, str)]
+
+    def _send_batches(self, outgoing: list[OutgoingMessage]) -> Iterator[list[OutgoingMessage]]:
+        """``outgoing`` in batches within ``max_send_batch`` and ``max_send_batch_bytes``."""
+        caps = self.capabilities
+        size, limit = caps.max_send_batch, caps.max_send_batch_bytes
+        batch: list[OutgoingMessage] = []
+        used = 0
+        for message in outgoing:
+            weight = _weight(message) if limit is not None else 0
+            if batch and (len(batch) >= size or (limit is not None and used + weight > limit)):
+                yield batch
+                batch, used = [], 0
+            batch.append(message)
+            used += weight
+        if batch:
+            yield batch
 
     # ---------------------------------------------------------------- leasing
 
@@ -271,7 +322,7 @@ class Queue:
                 time.sleep(min(poll, max(0.0, until - time.monotonic())))
                 poll = min(poll * 2, POLL_MAX)
         for lease in leases:
-            self._emit("leasekit_lease_acquired", lease=lease)
+            self.events.emit("leasekit_lease_acquired", lease=lease)
         return leases
 
     @contextmanager
@@ -336,8 +387,9 @@ class Queue:
         with deadline(self._call_timeout):
             if self.capabilities.native_dead_letter:
                 return self._call("read dead letters", lambda: self._driver.dead_letters(limit))
-            poison = self._poison_driver()
-            return self._call("read dead letters", lambda: poison.dead_letters(limit))
+            target = self._dead_letter_driver()
+            peeked = self._call("read dead letters", lambda: target.peek(limit))
+        return [dead_letters.read(raw) for raw in peeked]
 
     def create(self) -> None:
         """Create the queue if it does not exist."""
@@ -346,21 +398,30 @@ class Queue:
             self._call("create queue", self._driver.create_queue)
 
     def delete(self) -> None:
-        """Delete the queue and every message in it (and its poison queue, if core made one)."""
+        """Delete the queue and its messages, and ``<queue>-poison`` if core dead-letters there.
+
+        A dead-letter queue the service names (SQS's redrive target) is shared
+        and never deleted.
+        """
         self._require_open()
         with deadline(self._call_timeout):
+            named = None
+            if not self.capabilities.native_dead_letter:
+                with contextlib.suppress(errors.QueueNotFound):  # asked before it is gone
+                    named = self._dead_letter_queue()
             self._call("delete queue", self._driver.delete_queue)
-        if not self.capabilities.native_dead_letter:
-            try:
-                poison = self._poison_driver(create=False)
-            except errors.UnsupportedOperation:
+            if self.capabilities.native_dead_letter or named is not None:
                 return
-            try:
-                with deadline(self._call_timeout):
-                    self._call("delete poison queue", poison.delete_queue)
-            finally:
-                if poison is not self._poison:
-                    poison.close()
+        try:
+            poison = self._sibling(self.name + dead_letters.POISON_SUFFIX)
+        except errors.UnsupportedOperation:
+            return
+        try:
+            with deadline(self._call_timeout):
+                self._call("delete poison queue", poison.delete_queue)
+        finally:
+            if poison is not self._poison:
+                poison.close()
 
     def close(self) -> None:
         """Release the backend's connections; further calls raise :class:`LeaseStateError`."""
@@ -456,20 +517,12 @@ class Queue:
         leases = self._check_own(leases)
         limit = self._check_timeout(timeout)
         self._require_open()
-        size = self.capabilities.max_delete_batch
-
-        def delete(receipts: list[str]) -> list[BaseException | None]:
-            if len(receipts) == 1:
-                self._driver.delete(receipts[0])
-                return [None]
-            return list(self._driver.delete_batch(receipts))
-
         return self._settle(
             leases,
             "complete",
             LeaseState.COMPLETED,
-            size,
-            delete,
+            self.capabilities.max_delete_batch,
+            self._driver.delete,
             limit,
             "leasekit_lease_completed",
         )
@@ -497,16 +550,12 @@ class Queue:
         limit = self._check_timeout(timeout)
         self._require_open()
 
-        def abandon(receipts: list[str]) -> list[BaseException | None]:
-            self._driver.abandon(receipts[0], seconds)
-            return [None]
-
         return self._settle(
             leases,
             "abandon",
             LeaseState.ABANDONED,
-            1,
-            abandon,
+            self.capabilities.max_renew_batch,
+            partial(self._driver.abandon, delay=seconds),
             limit,
             "leasekit_lease_abandoned",
             delay=seconds,
@@ -542,40 +591,50 @@ class Queue:
             record.release()
             raise
         record.settled(LeaseState.DEAD_LETTERED)
-        self._emit("leasekit_lease_dead_lettered", lease=lease, reason=reason)
+        self.events.emit("leasekit_lease_dead_lettered", lease=lease, reason=reason)
 
     def _dead_letter_call(self, lease: Lease, receipt: str, reason: str) -> None:
         if self.capabilities.native_dead_letter:
             raw = lease.raw_message
             self._call("dead-letter", lambda: self._driver.dead_letter(receipt, reason, raw))
             return
-        # No native store: copy to <queue>-poison first, then delete, so a
+        # No native store: copy to the dead-letter queue first, then delete, so a
         # failure in between leaves a duplicate, never a lost message.
-        poison = self._poison_driver()
-        message = lease.message
-        properties = dict(message.properties) if self.capabilities.supports_properties else {}
-        copy = OutgoingMessage(
-            body=message.body,
-            properties={
-                **properties,
-                "leasekit-dead-letter-reason": reason,
-                "leasekit-original-id": message.id,
-                "leasekit-delivery-count": str(message.delivery_count),
-            },
+        target = self._dead_letter_driver()
+        supports = target.capabilities.supports_properties
+        for keeps, copy in dead_letters.copies(lease.message, reason, properties=supports):
+            try:
+                self._send_one(target, copy, "dead-letter (send the copy)")
+                break
+            except errors.MessageTooLarge:
+                # One rule for every backend: a smaller copy, never a message left to loop.
+                self._log.warning(
+                    "dead-letter copy of %r too large for %r; trying it %s",
+                    lease.message.id,
+                    target.queue,
+                    keeps,
+                )
+        else:  # pragma: no cover - the last copy is the message as it was received
+            raise errors.MessageTooLarge(f"message {lease.message.id!r} fits no dead-letter copy")
+        [deleted] = self._call(
+            "dead-letter (delete the original)", partial(self._driver.delete, [receipt])
         )
+        if deleted is not None:
+            raise self._entry_error(deleted, "dead-letter (delete the original)")
+
+    def _send_one(self, driver: Driver, message: OutgoingMessage, doing: str) -> str:
+        """Send one message through ``driver`` (the driver's own checks first); raise its error."""
         try:
-            self._call("dead-letter (send to poison queue)", lambda: poison.send(copy))
-        except errors.MessageTooLarge:
-            # A body near the maximum has no room for the reason properties: keep
-            # the message (its own properties only) rather than let it loop forever.
-            self._log.warning(
-                "dead-lettering %r without its reason properties (no room): %s",
-                message.id,
-                reason,
-            )
-            bare = OutgoingMessage(body=message.body, properties=properties)
-            self._call("dead-letter (send to poison queue)", lambda: poison.send(bare))
-        self._call("dead-letter (delete original)", lambda: self._driver.delete(receipt))
+            driver.validate(message)
+        except Exception as exc:
+            raise wrap_error(driver, exc, f"{doing} on {driver.queue!r}") from exc
+        [result] = self._call(doing, partial(driver.send, [message]))
+        if isinstance(result, BaseException):
+            error = wrap_error(driver, result, f"{doing} on {driver.queue!r}")
+            if error is not result:
+                error.__cause__ = result
+            raise error
+        return result
 
     # ------------------------------------------------- the batch machinery
 
@@ -636,13 +695,13 @@ class Queue:
                         lease._record.settled(state)
                         done.append(lease)
                         continue
-                    error = self._lease_error(result, action)
+                    error = self._entry_error(result, action)
                     lease._record.failed(error)
                     results[i] = error
         finally:
-            if done and self._has_observers(hook):
+            if done and self.events.observed(hook):
                 for lease in done:
-                    self._emit(hook, lease=lease, **hook_kwargs)
+                    self.events.emit(hook, lease=lease, **hook_kwargs)
         _copy_repeats(results, repeats)
         return results
 
@@ -662,15 +721,14 @@ class Queue:
         reach) raises its leasekit error, after the leases of this chunk are
         given back as failed and those of later chunks unchanged; without
         ``raise_whole`` the error is each lease's result instead, and the next
-        chunk is tried. A single receipt refused as stale is that lease's own
-        result, not the call's.
+        chunk is tried. What failed for one entry only is that entry's result.
         """
         chunk = chunks[position]
         try:
             with deadline(timeout):
                 return list(self._call(action, fn))
         except errors.LeaseError as exc:
-            if not raise_whole or (len(chunk) == 1 and isinstance(exc, errors.LeaseLost)):
+            if not raise_whole:
                 return [exc] * len(chunk)
             for _, lease, _ in chunk:
                 lease._record.failed(exc)
@@ -728,12 +786,7 @@ class Queue:
         try:
             for position, (physical, chunk) in enumerate(plan):
                 receipts = [receipt for _, _, receipt in chunk]
-                fn: Callable[[], list[Visibility | BaseException]]
-                if len(receipts) == 1:
-                    single = partial(self._driver.change_visibility, receipts[0], physical)
-                    fn = partial(_one, single)
-                else:
-                    fn = partial(self._driver.change_visibility_batch, receipts, physical)
+                fn = partial(self._driver.change_visibility, receipts, physical)
                 left = self._lease_timeout([lz for _, lz, _ in chunk], timeout, settle=False)
                 started = time.monotonic()
                 outcome = self._batch_call(
@@ -752,13 +805,13 @@ class Queue:
                             renewed.append(lease)
                         results[i] = lost
                         continue
-                    error = self._lease_error(result, "renew")
+                    error = self._entry_error(result, "renew")
                     lease._record.failed(error)
                     results[i] = error
         finally:
-            if event and renewed and self._has_observers("leasekit_lease_renewed"):
+            if event and renewed and self.events.observed("leasekit_lease_renewed"):
                 for lease in renewed:
-                    self._emit("leasekit_lease_renewed", lease=lease)
+                    self.events.emit("leasekit_lease_renewed", lease=lease)
         _copy_repeats(results, repeats)
         return results
 
@@ -778,7 +831,7 @@ class Queue:
             results[i] = error or record.unusable("renew", lease.message.id)
         return alive
 
-    def _lease_error(self, result: BaseException, action: str) -> errors.LeaseError:
+    def _entry_error(self, result: BaseException, action: str) -> errors.LeaseError:
         error = wrap_error(self._driver, result, f"{action} on {self.name!r}")
         if error is not result:
             error.__cause__ = result
@@ -797,10 +850,6 @@ class Queue:
         if settle or left <= 0:  # a renewal past the deadline: where stale receipts are refused
             left = max(left, MIN_SETTLE_TIMEOUT)
         return min(left, self._call_timeout if limit is None else limit)
-
-    def _lease_lost(self, lease: Lease, error: errors.LeaseLost) -> None:
-        """Called once by a lease's record when it is found lost: the hook event."""
-        self._emit("leasekit_lease_lost", lease=lease, error=error)
 
     def _check_own(self, leases: Sequence[Lease]) -> Sequence[Lease]:
         """``leases`` as a sequence, each a lease of this queue (else InvalidArgument)."""
@@ -846,6 +895,27 @@ class Queue:
         resolution = caps.lease_resolution
         steps = math.ceil(value / resolution - 1e-9)
         return min(steps * resolution, caps.max_lease)
+
+    def renewable_for(self, lease: Lease, seconds: float) -> float | None:
+        """How long ``lease`` may be renewed for now: ``seconds``, within the backend's total cap.
+
+        Where the backend caps invisibility in total since receive (SQS: 12 h),
+        a renewal asks for no more than what is left of it (less a second, in the
+        backend's resolution); ``None`` when not even the shortest lease fits any
+        more: the message comes back when its lease runs out. The keeper asks this
+        before each renewal.
+        """
+        caps = self.capabilities
+        if caps.max_total_lease is None:
+            return seconds
+        allowance = caps.max_total_lease - (time.monotonic() - lease.received_at) - 1.0
+        allowance = int(allowance / caps.lease_resolution) * caps.lease_resolution
+        return None if allowance < caps.min_lease else min(seconds, allowance)
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """The backoff this queue retries transient failures with (the keeper's too)."""
+        return self._retry
 
     def _past_total_cap(self, lease: Lease, seconds: float) -> errors.InvalidLeaseDuration | None:
         """The error for renewing ``lease`` by ``seconds`` past the backend's total cap (SQS)."""
@@ -957,7 +1027,12 @@ class Queue:
                         f"properties must map non-empty str to str, got {key!r}: {value!r}"
                     )
                 props[check_text(key, "a property name")] = check_text(value, "a property value")
-        return OutgoingMessage(body=data, delay=delay_s, ttl=ttl_s, properties=props)
+        message = OutgoingMessage(body=data, delay=delay_s, ttl=ttl_s, properties=props)
+        try:
+            self._driver.validate(message)  # what only the driver can tell; no call made
+        except Exception as exc:
+            raise wrap_error(self._driver, exc, f"send on {self.name!r}") from exc
+        return message
 
     # --------------------------------------------------------------- plumbing
 
@@ -1038,42 +1113,29 @@ class Queue:
                 )
         return [lease for lease in leases if id(lease) not in dropped]
 
-    def _poison_driver(self, create: bool = True) -> Driver:
+    def _dead_letter_queue(self) -> str | None:
+        """The dead-letter queue the service names (asked once), or ``None``."""
+        if self._named_dead_letter_queue is _UNKNOWN:
+            name = self._call("find the dead-letter queue", self._driver.dead_letter_queue)
+            self._named_dead_letter_queue = name
+        named = self._named_dead_letter_queue
+        return named if isinstance(named, str) else None
+
+    def _sibling(self, name: str) -> Driver:
+        return self._call("open the dead-letter queue", lambda: self._driver.sibling(name))
+
+    def _dead_letter_driver(self) -> Driver:
+        """The queue core copies dead letters to (``<queue>-poison``: made on first use)."""
         with self._poison_lock:
             if self._poison is not None:
                 return self._poison
-            sibling = self._call(
-                "open poison queue", lambda: self._driver.sibling(self.name + POISON_SUFFIX)
-            )
-            if not create:
-                return sibling
-            self._call("create poison queue", sibling.create_queue)
-            self._poison = sibling
-            return sibling
-
-    def _has_observers(self, hook: str) -> bool:
-        """Whether any plugin implements ``hook`` (skip building events nobody reads)."""
-        caller = getattr(self._hooks, hook, None) if self._hooks is not None else None
-        return bool(caller is not None and caller.get_hookimpls())
-
-    def _emit(self, hook: str, **kwargs: Any) -> None:
-        """Call an event hook's observers; one observer's error is logged, never raised.
-
-        ``after_`` hooks run in reverse of the ``before_`` order, so the first
-        observer to see a message go in is the last to see it come out.
-        """
-        if self._hooks is None:
-            return
-        caller = getattr(self._hooks, hook, None)
-        if caller is None:
-            return
-        impls = caller.get_hookimpls()
-        if not impls:
-            return
-        # Observers run in registration order; "after" hooks in reverse (like middleware).
-        ordered = reversed(impls) if "_after_" in hook else impls
-        for impl in ordered:
-            try:
-                impl.function(**{name: kwargs[name] for name in impl.argnames if name in kwargs})
-            except Exception:
-                self._log.exception("leasekit plugin %r failed in %s", impl.plugin_name, hook)
+            named = self._dead_letter_queue()
+            target = self._sibling(named or self.name + dead_letters.POISON_SUFFIX)
+            if named is None:
+                try:
+                    self._call("create the poison queue", target.create_queue)
+                except BaseException:
+                    target.close()
+                    raise
+            self._poison = target
+            return target

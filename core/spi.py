@@ -1,27 +1,39 @@
 """The backend SPI: what a vendor implements to add a backend.
 
-A driver is a thin translation layer, like an httpx transport: it turns these
-few calls into its SDK's calls and says which leasekit error each SDK error
-means. Everything else (validation, receipt tracking, retries, the long-poll
-loop, the keeper, dead-letter fallback, poison handling, idempotency) is core's
-and written once. Users never call a driver; they call :class:`leasekit.Queue`.
+A driver is a thin translation layer, like an httpx transport: it turns a few
+batch-shaped calls into its SDK's calls and says which leasekit error each SDK
+error means. Everything else (validation, receipt tracking, retries, the
+long-poll loop, the keeper, dead-lettering without a native store and the
+poison-copy format, idempotency) is core's and written once. Users never call
+a driver; they call :class:`leasekit.Queue`.
+
+**One data path.** Every data operation takes a list and returns one result per
+entry, in order: a value, or the raw error for that entry (Go CDK's shape). One
+stale receipt never fails its neighbours. A service with no batch call covers a
+list in one line with :func:`each`. Core calls a data method with at most the
+capabilities' batch size for it, and a batch of one behaves as a single call.
 
 Contract for every method:
 
-- A driver **should not retry**. On a transient failure it raises the SDK's own
-  error; core asks :meth:`Driver.is_retryable` and retries with backoff.
+- A driver **should not retry**. On a transient failure it raises (or returns
+  for that entry) the SDK's own error; core asks :meth:`Driver.is_retryable` and
+  retries with backoff, within the call's deadline.
 - A driver **must raise the SDK's error unchanged** (or a :class:`DriverError`
   when it has no SDK error to raise); core maps it with :meth:`Driver.error_code`
-  and raises the leasekit error once, with the original chained.
+  and raises the leasekit error once, with the original chained. A failure of the
+  whole call (the queue is missing, the service is out of reach) is raised; a
+  failure of one entry is that entry's result.
+- **Every entry is tried**: a refused entry does not stop the ones after it.
 - Core has already validated every argument against :attr:`Driver.capabilities`
   (durations in range and rounded to the resolution, batch sizes within the
-  limits, bodies of ``bytes`` within the size limit).
+  limits, bodies of ``bytes`` within the size limit) and against
+  :meth:`Driver.validate` (what only the driver can check).
 - Core may call a driver from several threads at once; a driver must be
   thread-safe or serialise internally.
 - Nothing passed in (lists of receipts, bodies) may be kept after the call.
 - :meth:`Driver.receive` should block for no more than ``wait`` seconds (which
   core keeps at or below ``capabilities.max_wait``), then return what it has,
-  possibly nothing.
+  possibly nothing. Core loops for longer waits.
 - Every call runs under core's deadline (:mod:`leasekit.deadline`): a renewal's
   is the time left on the lease it renews. A driver **must not block past it**:
   it reads :func:`leasekit.deadline.call_timeout` in the calling thread and gives
@@ -32,10 +44,10 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 from .capabilities import Capabilities
 
@@ -49,6 +61,7 @@ __all__ = [
     "QueueStats",
     "RawMessage",
     "Visibility",
+    "each",
 ]
 
 
@@ -168,6 +181,24 @@ class DeadLetter:
     properties: Mapping[str, str] = field(default_factory=dict)
 
 
+T = TypeVar("T")
+
+
+def each(items: Iterable[Any], call: Callable[[Any], T]) -> list[T | BaseException]:
+    """One result per item for a service with no batch call: what ``call(item)`` returned or raised.
+
+    For example ``return each(receipts, self._delete_one)`` in :meth:`Driver.delete`.
+    Every item is tried; an error is that item's result.
+    """
+    results: list[T | BaseException] = []
+    for item in items:
+        try:
+            results.append(call(item))
+        except Exception as exc:
+            results.append(exc)
+    return results
+
+
 class Driver(ABC):
     """The interface one backend implements for one queue.
 
@@ -208,29 +239,26 @@ class Driver(ABC):
             options.setdefault("queue", name)
         return options
 
-    # --------------------------------------------------------------- messages
+    # ------------------------------------------------------------------ data
+
+    def validate(self, message: OutgoingMessage) -> None:  # noqa: B027 - optional
+        """Refuse, by raising a :class:`DriverError`, a message the service would refuse.
+
+        Core calls it for every message before sending any, after its own checks
+        against the capabilities; for what only the driver can tell (SQS: body
+        and properties together over the queue's limit; MNS: an empty property
+        value). Must make no network call. The default accepts everything.
+        """
 
     @abstractmethod
-    def send(self, message: OutgoingMessage) -> str:
-        """Send one message and return its id.
+    def send(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
+        """Send messages; one result per message, in order: its id, or the error it got.
 
-        Must not return before the backend accepted it.
+        Must not return an id before the backend accepted that message. Core
+        calls it with at most ``capabilities.max_send_batch`` messages (and at most
+        ``max_send_batch_bytes`` of bodies and properties).
         """
         raise NotImplementedError("The 'send' method must be implemented.")  # pragma: no cover
-
-    def send_batch(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
-        """Send several messages; one result (an id or the raw error) per message, in order.
-
-        Core calls it only with at most ``capabilities.max_send_batch`` messages.
-        The default sends one at a time.
-        """
-        results: list[str | BaseException] = []
-        for message in messages:
-            try:
-                results.append(self.send(message))
-            except Exception as exc:
-                results.append(exc)
-        return results
 
     @abstractmethod
     def receive(self, max_messages: int, visibility: float, wait: float) -> list[RawMessage]:
@@ -243,78 +271,78 @@ class Driver(ABC):
         raise NotImplementedError("The 'receive' method must be implemented.")  # pragma: no cover
 
     @abstractmethod
-    def change_visibility(self, receipt: str, seconds: float) -> Visibility:
-        """Hide the leased message for ``seconds`` from now (0 makes it visible at once).
+    def change_visibility(
+        self, receipts: Sequence[str], seconds: float
+    ) -> list[Visibility | BaseException]:
+        """Hide each leased message for ``seconds`` from now (0 makes it visible at once).
 
-        Returns the receipt to use from now on (a new one where the backend
-        rotates receipts) and the new expiry. A stale receipt must raise.
+        One result per receipt: the receipt to use from now on (a new one where
+        the backend rotates receipts) and the new expiry, or the error. A stale
+        receipt must give an error. Core calls it with at most
+        ``capabilities.max_renew_batch`` receipts.
         """
         raise NotImplementedError(  # pragma: no cover
             "The 'change_visibility' method must be implemented."
         )
 
-    def change_visibility_batch(
-        self, receipts: Sequence[str], seconds: float
-    ) -> list[Visibility | BaseException]:
-        """Change visibility for several receipts; one result per receipt, in order.
-
-        Core calls it with at most ``capabilities.max_renew_batch`` receipts.
-        The default changes one at a time.
-        """
-        results: list[Visibility | BaseException] = []
-        for receipt in receipts:
-            try:
-                results.append(self.change_visibility(receipt, seconds))
-            except Exception as exc:
-                results.append(exc)
-        return results
-
     @abstractmethod
-    def delete(self, receipt: str) -> None:
-        """Delete (complete) the leased message; a stale receipt must raise."""
+    def delete(self, receipts: Sequence[str]) -> list[BaseException | None]:
+        """Delete (complete) the leased messages; one result per receipt (``None``: deleted).
+
+        A stale receipt must give an error where ``capabilities.detects_stale_receipts``.
+        Core calls it with at most ``capabilities.max_delete_batch`` receipts.
+        """
         raise NotImplementedError("The 'delete' method must be implemented.")  # pragma: no cover
 
-    def delete_batch(self, receipts: Sequence[str]) -> list[BaseException | None]:
-        """Delete several; one result per receipt (``None`` on success), in order.
+    def abandon(self, receipts: Sequence[str], delay: float) -> list[BaseException | None]:
+        """Release the messages: visible again after ``delay`` seconds (0: now).
 
-        Core calls it with at most ``capabilities.max_delete_batch`` receipts.
-        The default deletes one at a time.
+        The default is :meth:`change_visibility` with ``delay``; a backend with a
+        native abandon (Service Bus) overrides it. Core calls it with at most
+        ``capabilities.max_renew_batch`` receipts.
         """
-        results: list[BaseException | None] = []
-        for receipt in receipts:
-            try:
-                self.delete(receipt)
-                results.append(None)
-            except Exception as exc:
-                results.append(exc)
-        return results
-
-    def abandon(self, receipt: str, delay: float) -> None:
-        """Release the message: visible again after ``delay`` seconds (0: now).
-
-        The default is ``change_visibility(receipt, delay)``; a backend with a
-        native abandon (Service Bus) overrides it.
-        """
-        self.change_visibility(receipt, delay)
+        return [
+            result if isinstance(result, BaseException) else None
+            for result in self.change_visibility(receipts, delay)
+        ]
 
     def dead_letter(self, receipt: str, reason: str, message: RawMessage) -> None:
-        """Move the leased message to the backend's dead-letter store with ``reason``.
+        """Move the leased message to the backend's own dead-letter store with ``reason``.
 
         Only called when ``capabilities.native_dead_letter``; otherwise core
-        sends a copy to ``<queue>-poison`` (through :meth:`sibling`) and deletes.
+        copies the message to a dead-letter queue (see :meth:`dead_letter_queue`)
+        and deletes it.
         """
         raise NotImplementedError("The 'dead_letter' method is not implemented.")
 
+    def dead_letter_queue(self) -> str | None:
+        """The queue core copies dead letters to, where the service names one; ``None``: none.
+
+        Without a native store core copies a dead-lettered message to this queue
+        (SQS: the redrive policy's dead-letter queue, where the rest of the AWS
+        tooling looks) through :meth:`sibling`, or to ``<queue>-poison`` when this
+        is ``None`` (the default). May make a network call; core asks once.
+        """
+        return None
+
     def dead_letters(self, limit: int) -> list[DeadLetter]:
-        """Read up to ``limit`` dead-lettered messages without removing them."""
+        """Read up to ``limit`` messages of the native dead-letter store without removing them."""
         raise NotImplementedError("The 'dead_letters' method is not implemented.")
+
+    def peek(self, limit: int) -> list[RawMessage]:
+        """Read up to ``limit`` visible messages without leasing them (core reads dead letters so).
+
+        Where the service cannot peek, a driver may receive and release at once
+        (the delivery counts then grow): say so in its documentation.
+        """
+        raise NotImplementedError("The 'peek' method is not implemented.")
 
     def stats(self) -> QueueStats:
         """Message counts for the queue (``capabilities.queue_stats``)."""
         raise NotImplementedError("The 'stats' method is not implemented.")
 
     def sibling(self, queue: str) -> Driver:
-        """A driver for another queue on the same account/connection (for ``-poison``)."""
+        """A driver for another queue on the same account/connection (for dead letters)."""
         raise NotImplementedError("The 'sibling' method is not implemented.")
 
     # ------------------------------------------------------------------ admin

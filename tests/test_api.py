@@ -454,10 +454,10 @@ def test_dead_letter_of_a_body_with_no_room_for_the_reason_still_moves_it(
     driver.capabilities = driver.capabilities.replace(native_dead_letter=False)
 
     class TightPoison(MemoryDriver):
-        def send(self, message):  # type: ignore[no-untyped-def]
-            if message.properties:
+        def send(self, messages):  # type: ignore[no-untyped-def]
+            if any(message.properties for message in messages):
                 raise DriverError(ErrorCode.TOO_LARGE, "no room for properties")
-            return super().send(message)
+            return super().send(messages)
 
     driver.sibling = lambda name: TightPoison(queue=name, broker=broker)  # type: ignore[method-assign]
     queue = Queue(driver)
@@ -499,7 +499,7 @@ def test_a_failed_duration_change_after_receive_keeps_the_lease(broker: MemoryBr
             for raw in real_receive(max_messages, visibility, wait)
         ]
 
-    def failing_change(receipt: str, seconds: float) -> Any:
+    def failing_change(receipts: list[str], seconds: float) -> Any:
         raise DriverError(ErrorCode.UNAVAILABLE, "blip")
 
     driver.receive = receive_with_queue_visibility  # type: ignore[method-assign]

@@ -74,15 +74,14 @@ class Calls:
 #: Every SPI method that reaches the backend.
 SPI_CALLS = (
     "send",
-    "send_batch",
     "receive",
     "change_visibility",
-    "change_visibility_batch",
     "delete",
-    "delete_batch",
     "abandon",
     "dead_letter",
+    "dead_letter_queue",
     "dead_letters",
+    "peek",
     "stats",
     "sibling",
     "create_queue",

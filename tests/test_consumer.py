@@ -320,13 +320,13 @@ def test_group_completer_never_strands_a_waiting_completion(queue: Queue) -> Non
 
 def _count_delete_batches(queue: Queue) -> list[int]:
     calls: list[int] = []
-    real = queue.driver.delete_batch
+    real = queue.driver.delete
 
     def counting(receipts):  # type: ignore[no-untyped-def]
         calls.append(len(receipts))
         return real(receipts)
 
-    queue.driver.delete_batch = counting  # type: ignore[method-assign]
+    queue.driver.delete = counting  # type: ignore[method-assign]
     return calls
 
 

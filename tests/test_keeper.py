@@ -85,17 +85,11 @@ def test_max_lifetime_stops_renewing_and_the_message_comes_back(queue: Queue) ->
 class _Flaky(MemoryDriver):
     fail_renewals = 0
 
-    def change_visibility_batch(self, receipts, seconds):  # type: ignore[no-untyped-def]
+    def change_visibility(self, receipts, seconds):  # type: ignore[no-untyped-def]
         if self.fail_renewals:
             self.fail_renewals -= 1
             return [DriverError(ErrorCode.UNAVAILABLE, "blip")] * len(receipts)
-        return super().change_visibility_batch(receipts, seconds)
-
-    def change_visibility(self, receipt, seconds):  # type: ignore[no-untyped-def]
-        if self.fail_renewals:
-            self.fail_renewals -= 1
-            raise DriverError(ErrorCode.UNAVAILABLE, "blip")
-        return super().change_visibility(receipt, seconds)
+        return super().change_visibility(receipts, seconds)
 
 
 def test_transient_renewal_failures_are_retried_before_expiry() -> None:

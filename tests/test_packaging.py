@@ -31,14 +31,90 @@ echo = "leasekit_echo"
 """
 
 THIRD_PARTY_MODULE = '''
-"""A throwaway third-party backend: the memory driver under another scheme."""
+"""A third-party backend on the SPI: an in-process store, in the few lines a vendor needs."""
+
+import secrets
+import threading
+import time
+from datetime import UTC, datetime
 
 import leasekit
-from leasekit.backends.memory import MemoryDriver
+from leasekit.spi import Driver, DriverError, ErrorCode, RawMessage, Visibility, each
+
+# queue -> message id -> [body, visible_at, receipt, count]
+_QUEUES: dict[str, dict[str, list]] = {}
+_LOCK = threading.Lock()
 
 
-class EchoDriver(MemoryDriver):
+def _lost() -> DriverError:
+    return DriverError(ErrorCode.LEASE_LOST, "stale receipt")
+
+
+class EchoDriver(Driver):
     scheme = "echo"
+    capabilities = leasekit.Capabilities(
+        min_lease=0.1, lease_resolution=0.001, max_receive_batch=10
+    )
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+
+    def _messages(self) -> dict[str, list]:
+        if self.queue not in _QUEUES:
+            raise DriverError(ErrorCode.QUEUE_NOT_FOUND, f"no queue {self.queue!r}")
+        return _QUEUES[self.queue]
+
+    def send(self, messages):
+        with _LOCK:
+            store = self._messages()
+            ids = [secrets.token_hex(8) for _ in messages]
+            for message_id, message in zip(ids, messages):
+                store[message_id] = [message.body, time.time() + message.delay, None, 0]
+            return ids
+
+    def receive(self, max_messages, visibility, wait):
+        with _LOCK:
+            now, out = time.time(), []
+            for message_id, entry in self._messages().items():
+                if entry[1] <= now and len(out) < max_messages:
+                    entry[1], entry[2] = now + visibility, secrets.token_hex(8)
+                    entry[3] += 1
+                    until = datetime.fromtimestamp(entry[1], UTC)
+                    out.append(RawMessage(message_id, entry[0], f"{message_id}:{entry[2]}",
+                                          entry[3], until, until))
+            return out
+
+    def _held(self, receipt: str) -> list:
+        message_id, _, token = receipt.partition(":")
+        entry = self._messages().get(message_id)
+        if entry is None or entry[2] != token:
+            raise _lost()
+        return entry
+
+    def change_visibility(self, receipts, seconds):
+        def change(receipt):
+            entry = self._held(receipt)
+            entry[1] = time.time() + seconds
+            return Visibility(receipt, datetime.fromtimestamp(entry[1], UTC))
+
+        with _LOCK:
+            return each(receipts, change)
+
+    def delete(self, receipts):
+        def delete_one(receipt):
+            self._held(receipt)
+            del self._messages()[receipt.partition(":")[0]]
+
+        with _LOCK:
+            return each(receipts, delete_one)
+
+    def create_queue(self):
+        with _LOCK:
+            _QUEUES.setdefault(self.queue, {})
+
+    def delete_queue(self):
+        with _LOCK:
+            _QUEUES.pop(self.queue, None)
 
 
 @leasekit.hookimpl
@@ -129,11 +205,14 @@ def test_third_party_backend_is_found_by_its_scheme(
         q.send(b"hi")
         [lease] = q.lease(1, duration=5)
         print(lease.message.body.decode())
+        lease.renew()
         lease.complete()
+        print(q.lease(1, duration=5))
         print(sorted(leasekit.default_registry().specs()))
         """
     )
     out = _run([str(python), "-c", script], work).split("\n")
     assert out[0] == "EchoDriver"
     assert out[1] == "hi"
-    assert "'echo'" in out[2] and "'sqlite'" in out[2]
+    assert out[2] == "[]"
+    assert "'echo'" in out[3] and "'sqlite'" in out[3]

@@ -311,7 +311,7 @@ def test_keeper_batch_renew_maps_each_entry(queue: Queue) -> None:
 def test_change_visibility_batch_maps_each_entry(queue: Queue) -> None:
     queue.send(b"v")
     lease = queue.lease(1, duration=60, wait=5)[0]
-    results = _driver(queue).change_visibility_batch([lease.receipt, "garbage"], 5)
+    results = _driver(queue).change_visibility([lease.receipt, "garbage"], 5)
     assert isinstance(results[0], Visibility) and results[0].receipt == lease.receipt
     assert isinstance(results[1], DriverError) and results[1].code is ErrorCode.LEASE_LOST
     lease.complete()
@@ -325,7 +325,7 @@ def test_garbage_receipt_is_lease_lost_never_queue_not_found(queue: Queue) -> No
     with pytest.raises(LeaseLost):
         lease.renew()
     assert lease.lost.is_set()
-    _driver(queue).delete(good)
+    _driver(queue).delete([good])
 
 
 def test_limits_moto_does_not_enforce_are_enforced_before_any_call(queue: Queue) -> None:

@@ -470,21 +470,22 @@ def test_missing_queue_and_stale_receipt_are_told_apart(
     [lease] = queue.lease(1, duration=30)
     old = lease.receipt
     lease.renew()
-    with pytest.raises(HttpResponseError) as mismatch:
-        queue.driver.delete(old)
-    assert queue.driver.error_code(mismatch.value) is ErrorCode.LEASE_LOST
-    assert queue.driver.backend_code(mismatch.value) == "PopReceiptMismatch"
+    [mismatch] = queue.driver.delete([old])
+    assert isinstance(mismatch, HttpResponseError)
+    assert queue.driver.error_code(mismatch) is ErrorCode.LEASE_LOST
+    assert queue.driver.backend_code(mismatch) == "PopReceiptMismatch"
     lease.complete()
-    with pytest.raises(ResourceNotFoundError) as gone:
-        queue.driver.delete(lease.receipt)
-    assert queue.driver.backend_code(gone.value) == "MessageNotFound"
-    assert queue.driver.error_code(gone.value) is ErrorCode.LEASE_LOST
+    [gone] = queue.driver.delete([lease.receipt])
+    assert isinstance(gone, ResourceNotFoundError)
+    assert queue.driver.backend_code(gone) == "MessageNotFound"
+    assert queue.driver.error_code(gone) is ErrorCode.LEASE_LOST
     missing = leasekit.open(
         SCHEME, queue="no-such-queue", connection_string=azurite.connection_string
     )
-    with missing, pytest.raises(ResourceNotFoundError) as nf:
-        missing.driver.delete(lease.receipt)
-    assert missing.driver.error_code(nf.value) is ErrorCode.QUEUE_NOT_FOUND
+    with missing:
+        [nf] = missing.driver.delete([lease.receipt])
+    assert isinstance(nf, ResourceNotFoundError)
+    assert missing.driver.error_code(nf) is ErrorCode.QUEUE_NOT_FOUND
 
 
 def test_create_and_delete_are_idempotent(azurite: Azurite, queue_name: str) -> None:

@@ -1,0 +1,86 @@
+"""The dead-letter copy: how core dead-letters where a backend has no store of its own.
+
+Without a native dead-letter store, core copies the message to a dead-letter
+queue — the one the service names (:meth:`Driver.dead_letter_queue`, e.g. SQS's
+redrive target) or ``<queue>-poison`` (Azure Functions' convention) — and then
+deletes the original: copy first, so a failure in between leaves a duplicate,
+never a lost message. The copy keeps the body and the original properties and
+adds three properties, written and read back here and nowhere else:
+
+==============================  ===========================================
+``leasekit-dead-letter-reason``  why (``Lease.dead_letter(reason)``)
+``leasekit-original-id``         the message id in the original queue
+``leasekit-delivery-count``      how often it had been delivered
+==============================  ===========================================
+
+**A copy too large for the queue** (a body near the maximum) is sent smaller,
+the same way on every backend: first with the reason cut to
+:data:`SHORT_REASON` characters, then with none of the three properties, only
+the body and its own properties. A poison message is never left to loop
+because its reason did not fit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+from .message import Message
+from .spi import DeadLetter, OutgoingMessage, RawMessage
+
+__all__ = [
+    "DELIVERY_COUNT",
+    "ORIGINAL_ID",
+    "POISON_SUFFIX",
+    "REASON",
+    "SHORT_REASON",
+    "copies",
+    "read",
+]
+
+#: Where core dead-letters when the service names no queue (Azure Functions' convention).
+POISON_SUFFIX = "-poison"
+REASON = "leasekit-dead-letter-reason"
+ORIGINAL_ID = "leasekit-original-id"
+DELIVERY_COUNT = "leasekit-delivery-count"
+#: Characters of the reason kept in a copy that did not fit with the whole reason.
+SHORT_REASON = 200
+_ELLIPSIS = "\u2026"
+
+
+def copies(
+    message: Message, reason: str, *, properties: bool
+) -> Iterator[tuple[str, OutgoingMessage]]:
+    """The copies of ``message`` to try, largest first, each with a word on what it keeps.
+
+    ``properties``: whether the backend carries properties (else only the body goes).
+    """
+    own: Mapping[str, str] = dict(message.properties) if properties else {}
+    if properties:
+        marks = {ORIGINAL_ID: message.id, DELIVERY_COUNT: str(message.delivery_count)}
+        yield "whole", OutgoingMessage(message.body, properties={**own, **marks, REASON: reason})
+        if len(reason) > SHORT_REASON:
+            short = reason[: SHORT_REASON - 1] + _ELLIPSIS
+            yield (
+                "with its reason shortened",
+                OutgoingMessage(message.body, properties={**own, **marks, REASON: short}),
+            )
+    yield "without its reason", OutgoingMessage(message.body, properties=own)
+
+
+def read(raw: RawMessage) -> DeadLetter:
+    """A dead-letter copy read back: the original id, reason and count where the copy has them.
+
+    A message another producer put on the queue reads with its own id and no
+    reason or count.
+    """
+    properties = dict(raw.properties)
+    reason = properties.pop(REASON, None)
+    original = properties.pop(ORIGINAL_ID, None)
+    count = properties.pop(DELIVERY_COUNT, None)
+    return DeadLetter(
+        id=original or raw.id,
+        body=raw.body,
+        reason=reason,
+        delivery_count=int(count) if count is not None and count.isdigit() else None,
+        properties=properties,
+    )
