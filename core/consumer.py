@@ -392,16 +392,16 @@ class Consumer:
             self._running = True
             self._closing = False
         self._stop.clear()
-        self._nested_hooks = self.queue._has_observers(
+        self._nested_hooks = self.queue.events.observed(
             "leasekit_before_process"
-        ) or self.queue._has_observers("leasekit_after_process")
+        ) or self.queue.events.observed("leasekit_after_process")
         keeper = self._keeper or LeaseKeeper()
         self._keeper = keeper
         workers = _start_threads(
             "leasekit-worker", range(self.concurrency), lambda i: self._work(i, keeper)
         )
         restore = self._install_signals()
-        self.queue._emit("leasekit_worker_event", name="started", details=self._details())
+        self.queue.events.emit("leasekit_worker_event", name="started", details=self._details())
         self._receiver_errors = []
         receivers = _start_threads(  # the first receiver is this thread's own loop
             "leasekit-receiver",
@@ -415,7 +415,9 @@ class Consumer:
             if self._receiver_errors:
                 raise self._receiver_errors[0]
         finally:
-            self.queue._emit("leasekit_worker_event", name="stopping", details=self._details())
+            self.queue.events.emit(
+                "leasekit_worker_event", name="stopping", details=self._details()
+            )
             self._stop.set()  # extra receivers end before the shutdown gives back the buffer
             for receiver in receivers:
                 receiver.join()
@@ -423,7 +425,7 @@ class Consumer:
             restore()
             with self._lock:
                 self._running = False
-            self.queue._emit("leasekit_worker_event", name="stopped", details=self._details())
+            self.queue.events.emit("leasekit_worker_event", name="stopped", details=self._details())
         return self.stats
 
     # ---------------------------------------------------------------- the loop
@@ -563,7 +565,7 @@ class Consumer:
                 continue  # abandoned at shutdown before it started (a lost one is counted)
             self._current[index] = lease
             try:
-                self.queue._emit("leasekit_before_process", lease=lease)
+                self.queue.events.emit("leasekit_before_process", lease=lease)
                 outcome, error = self._handle(lease)
             finally:
                 self._current.pop(index, None)
@@ -573,7 +575,9 @@ class Consumer:
                 done.append(lease)
                 continue
             keeper.discard(lease)
-            self.queue._emit("leasekit_after_process", lease=lease, error=error, outcome=outcome)
+            self.queue.events.emit(
+                "leasekit_after_process", lease=lease, error=error, outcome=outcome
+            )
         self._flush(done, keeper)
 
     def _flush(self, done: list[Lease], keeper: LeaseKeeper) -> None:
@@ -600,7 +604,9 @@ class Consumer:
         for lease, failure in zip(done, failures, strict=True):
             outcome, error = self._completion_outcome(lease, failure)
             completed += outcome == "completed"
-            self.queue._emit("leasekit_after_process", lease=lease, error=error, outcome=outcome)
+            self.queue.events.emit(
+                "leasekit_after_process", lease=lease, error=error, outcome=outcome
+            )
         if completed:
             with self._lock:
                 self._stats.completed += completed

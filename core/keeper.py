@@ -52,9 +52,6 @@ TICK = 0.01
 COALESCE = 0.05
 #: Renewal points are spread over this fraction of the lease (earlier, never later).
 JITTER = 0.1
-#: First and largest backoff (seconds) after a transient renewal failure.
-RETRY_START = 0.1
-RETRY_MAX = 2.0
 #: Default for ``stop_timeout``: how long ``stop()`` waits for renewal calls in flight.
 STOP_TIMEOUT = 2.0
 
@@ -519,16 +516,11 @@ class LeaseKeeper:
                 self._release(held)
                 continue
             lease = held.lease
-            seconds = held.duration if held.duration is not None else lease.duration
-            caps = lease.queue.capabilities
-            if caps.max_total_lease is not None:
-                # Never ask for more than the backend's total cap since receive (SQS: 12 h).
-                allowance = caps.max_total_lease - (now - lease.received_at) - 1.0
-                allowance = int(allowance / caps.lease_resolution) * caps.lease_resolution
-                if allowance < caps.min_lease:
-                    self._release(held)
-                    continue
-                seconds = min(seconds, allowance)
+            wanted = held.duration if held.duration is not None else lease.duration
+            seconds = lease.queue.renewable_for(lease, wanted)  # the backend's total cap
+            if seconds is None:
+                self._release(held)
+                continue
             groups.setdefault((id(lease.queue), seconds), []).append(held)
         lateness = self.stats.lateness
         if len(lateness) > 200_000:
@@ -618,7 +610,7 @@ class LeaseKeeper:
         """A failed renewal (lock held): retry with backoff; at the deadline the lease is lost."""
         self.stats.transient_failures += 1
         held.failures += 1
-        backoff = min(RETRY_MAX, RETRY_START * 2 ** (held.failures - 1))
+        backoff = held.lease.queue.retry_policy.backoff(held.failures)
         held.due = min(now + backoff, held.lease.deadline)
         self._push(held)
 

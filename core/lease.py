@@ -58,7 +58,7 @@ class Lease:
         self.received_at = time.monotonic()
         if deadline is None:  # no call to measure from: the backend's expiry, by this clock
             deadline = self.received_at + max(0.0, expires_at.timestamp() - time.time())
-        self._record = LeaseRecord(self, receipt, expires_at, deadline, duration, queue._lease_lost)
+        self._record = LeaseRecord(self, receipt, expires_at, deadline, duration, queue.events)
 
     # ------------------------------------------------------------- properties
 

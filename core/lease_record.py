@@ -19,6 +19,7 @@ lease is lost by the deadline (:meth:`expire`), not by waiting for a call.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -29,9 +30,12 @@ from .errors import LeaseLost, LeaseStateError
 from .message import LeaseState
 
 if TYPE_CHECKING:
+    from .events import Events
     from .lease import Lease
 
 __all__ = ["RENEW", "SETTLE", "LeaseRecord"]
+
+_log = logging.getLogger("leasekit")
 
 #: The operations a lease can be taken for.
 RENEW = "renew"
@@ -51,13 +55,13 @@ class LeaseRecord:
         expires_at: the backend's expiry (UTC).
         deadline: core's expiry on :func:`time.monotonic`.
         duration: the physical lease duration set by the receive.
-        lost_hook: called as ``lost_hook(owner, error)`` once when the lease is found lost.
+        events: where the ``leasekit_lease_lost`` event goes, once, when the lease is found lost.
     """
 
     __slots__ = (
+        "_events",
         "_idle",
         "_lost_event",
-        "_lost_hook",
         "_mutex",
         "_on_lost",
         "busy",
@@ -77,7 +81,7 @@ class LeaseRecord:
         expires_at: datetime,
         deadline: float,
         duration: float,
-        lost_hook: Callable[[Lease, LeaseLost], None],
+        events: Events,
     ) -> None:
         self.owner = owner
         self.receipt = receipt
@@ -92,7 +96,7 @@ class LeaseRecord:
         self._idle = threading.Condition(self._mutex)  # notified when ``busy`` clears
         self._on_lost: list[Callable[[Lease, LeaseLost], None]] = []
         self._lost_event: threading.Event | None = None  # made on first use
-        self._lost_hook = lost_hook
+        self._events = events
 
     # ------------------------------------------------------------------ reads
 
@@ -244,8 +248,8 @@ class LeaseRecord:
             try:
                 callback(owner, error)
             except Exception:
-                owner.queue._log.exception("on_lost callback failed for %r", owner)
-        self._lost_hook(owner, error)
+                _log.exception("on_lost callback failed for %r", owner)
+        self._events.emit("leasekit_lease_lost", lease=owner, error=error)
         return True
 
     def on_lost(self, callback: Callable[[Lease, LeaseLost], None]) -> LeaseLost | None:
