@@ -76,6 +76,15 @@ Limits:
     ``leasekit-properties``, and are unpacked on receive. A dead-letter reason
     that does not fit is shortened.
 
+    Counts: ``Queue.stats()`` gives SQS's approximate ``ApproximateNumberOfMessages``
+    (visible), ``…NotVisible`` (leased; a message abandoned with a delay is
+    counted here too, as SQS hides it like a lease) and ``…Delayed`` (delayed),
+    their sum as ``total``, and as ``dead_lettered`` every message in the
+    dead-letter target (the redrive DLQ, else ``<queue>-poison``; 0 while neither
+    exists). SQS documents these counts as eventually consistent, settling up to
+    about a minute after traffic stops. A redrive DLQ shared by several queues is
+    counted whole: SQS does not tell which queue a letter came from.
+
 Raw types:
     ``lease.raw`` is the message dict from boto3's ``receive_message``
     (``MessageId``, ``ReceiptHandle``, ``Body``, ``Attributes``,
@@ -161,6 +170,12 @@ PACKED = "leasekit-properties"
 PEEK_HIDE = 30
 #: The suffix of the dead-letter queue used when the queue has no redrive policy.
 POISON_SUFFIX = "-poison"
+#: The queue attributes read by ``stats()``: visible, in flight (leased), delayed.
+COUNT_ATTRIBUTES = [
+    "ApproximateNumberOfMessages",
+    "ApproximateNumberOfMessagesNotVisible",
+    "ApproximateNumberOfMessagesDelayed",
+]
 REASON = "leasekit-dead-letter-reason"
 ORIGINAL_ID = "leasekit-original-id"
 DELIVERY_COUNT = "leasekit-delivery-count"
@@ -475,6 +490,7 @@ class SqsDriver(Driver):
             native_dead_letter=True,
             delivery_count=True,
             queue_stats=True,
+            counts=frozenset({"visible", "leased", "delayed", "dead_lettered"}),
             inspect_dead_letters=True,
         )
 
@@ -805,21 +821,29 @@ class SqsDriver(Driver):
         return list(seen.values())[:limit]
 
     def stats(self) -> QueueStats:
-        """SQS's approximate counts (``ApproximateNumberOfMessages*``)."""
-        response = self.client.get_queue_attributes(
-            QueueUrl=self._url(),
-            AttributeNames=[
-                "ApproximateNumberOfMessages",
-                "ApproximateNumberOfMessagesNotVisible",
-                "ApproximateNumberOfMessagesDelayed",
-            ],
-        )
+        """SQS's approximate counts (``ApproximateNumberOfMessages*``), and its DLQ's depth.
+
+        ``dead_lettered`` is every message in the dead-letter target (the redrive
+        DLQ, else ``<queue>-poison``; 0 while neither exists).
+        """
+        visible, leased, delayed = self._counts(self._url())
+        target = self._dead_letter_target(create=False)
+        dead = 0
+        if target is not None:
+            try:
+                dead = sum(self._counts(target))
+            except Exception as exc:
+                # Deleted since it was looked up: nothing is dead-lettered there.
+                if self.error_code(exc) is not ErrorCode.QUEUE_NOT_FOUND:
+                    raise
+        return QueueStats(visible=visible, leased=leased, delayed=delayed, dead_lettered=dead)
+
+    def _counts(self, url: str) -> tuple[int, int, int]:
+        """Visible, in-flight and delayed messages of the queue at ``url``."""
+        response = self.client.get_queue_attributes(QueueUrl=url, AttributeNames=COUNT_ATTRIBUTES)
         attributes = response.get("Attributes", {})
-        return QueueStats(
-            visible=int(attributes.get("ApproximateNumberOfMessages", 0)),
-            leased=int(attributes.get("ApproximateNumberOfMessagesNotVisible", 0)),
-            delayed=int(attributes.get("ApproximateNumberOfMessagesDelayed", 0)),
-        )
+        visible, leased, delayed = (int(attributes.get(name, 0)) for name in COUNT_ATTRIBUTES)
+        return visible, leased, delayed
 
     def sibling(self, queue: str) -> SqsDriver:
         """Another queue of the same account and region, sharing this driver's client."""
