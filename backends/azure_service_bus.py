@@ -98,13 +98,13 @@ Limits:
     Counts: ``Queue.stats()`` reads the queue's runtime properties through
     ``ServiceBusAdministrationClient.get_queue_runtime_properties`` (the management
     API, Manage rights; the emulator serves it too): ``ScheduledMessageCount`` as
-    ``delayed``, ``DeadLetterMessageCount`` as ``dead_lettered``, and
-    ``ActiveMessageCount`` + ``ScheduledMessageCount`` as ``total``. ``visible`` and
-    ``leased`` are ``None``: the active count covers messages "ready for delivery"
-    *and* those locked by a receiver (as observed on the service: KEDA's Service Bus
-    scaler counts locked messages through it), and neither the runtime properties
-    nor any other API give a count of locked messages. Microsoft calls reading the
-    counters expensive for the broker: poll them at a measured pace.
+    ``delayed``, ``DeadLetterMessageCount`` as ``dead_lettered``, and as ``total``
+    ``MessageCount`` (every message of the entity) less the dead-letter and
+    transfer sub-queues. ``visible`` and ``leased`` are ``None``: no API counts
+    locked messages, and ``ActiveMessageCount`` ("ready for delivery", deferred
+    ones included) is reported to count locked ones too (kedacore/keda#1214), so
+    it cannot be split into the two. Microsoft calls reading the counters
+    expensive for the broker: poll them at a measured pace.
 
 Raw types:
     ``lease.raw`` is the SDK's ``azure.servicebus.ServiceBusReceivedMessage``; do
@@ -1011,20 +1011,30 @@ class ServiceBusDriver(Driver):
         """The queue's runtime properties (``get_queue_runtime_properties``) as counts.
 
         ``ScheduledMessageCount`` is ``delayed``, ``DeadLetterMessageCount``
-        ``dead_lettered``, and ``ActiveMessageCount`` + ``ScheduledMessageCount``
-        ``total``: Service Bus's active count includes locked (leased) messages and
-        has no count of its own for them, so ``visible`` and ``leased`` stay ``None``.
+        ``dead_lettered``, and ``MessageCount`` less the dead-letter and transfer
+        sub-queues ``total``. ``visible`` and ``leased`` stay ``None``: nothing
+        counts locked messages, and ``ActiveMessageCount`` is reported to include
+        them (see Limits), so it cannot be split into the two.
         """
         left = self._left()
         with self._admin_client() as admin:
             runtime = admin.get_queue_runtime_properties(
                 self.queue, connection_timeout=left, read_timeout=left
             )
-        active, scheduled = runtime.active_message_count, runtime.scheduled_message_count
+        parts = (
+            runtime.total_message_count,
+            runtime.dead_letter_message_count,
+            runtime.transfer_dead_letter_message_count,
+            runtime.transfer_message_count,
+        )
+        total = None
+        if all(isinstance(part, int) for part in parts):
+            everything, dead, transfer_dead, transfer = parts
+            total = everything - dead - transfer_dead - transfer
         return QueueStats(
-            delayed=scheduled,
+            delayed=runtime.scheduled_message_count,
             dead_lettered=runtime.dead_letter_message_count,
-            total=None if active is None or scheduled is None else active + scheduled,
+            total=total,
         )
 
     # ------------------------------------------------------------------ admin

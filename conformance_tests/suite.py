@@ -104,7 +104,7 @@ def _require_count(queue: Queue, name: str) -> None:
     if name not in caps.counted:
         pytest.skip(
             f"backend does not count {name.replace('_', '-')} messages "
-            f"(counted: {', '.join(sorted(caps.counted)) or 'none'})"
+            f"(capabilities.counted: {', '.join(sorted(caps.counted)) or 'none'})"
         )
 
 
