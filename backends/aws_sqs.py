@@ -71,6 +71,15 @@ Limits:
     name SQS refuses) they travel together as JSON in one attribute,
     ``leasekit-properties``, and are unpacked on receive.
 
+    Counts: ``Queue.stats()`` gives SQS's approximate ``ApproximateNumberOfMessages``
+    (visible), ``…NotVisible`` (leased; a message abandoned with a delay is
+    counted here too, as SQS hides it like a lease) and ``…Delayed`` (delayed),
+    their sum as ``total``, and (core's) as ``dead_lettered`` every message in the
+    dead-letter queue core copies to (the redrive DLQ, else ``<queue>-poison``; 0
+    while neither exists). SQS documents these counts as eventually consistent, settling up to
+    about a minute after traffic stops. A redrive DLQ shared by several queues is
+    counted whole: SQS does not tell which queue a letter came from.
+
 Raw types:
     ``lease.raw`` is the message dict from boto3's ``receive_message``
     (``MessageId``, ``ReceiptHandle``, ``Body``, ``Attributes``,
@@ -153,6 +162,12 @@ PACKED = "leasekit-properties"
 #: How long ``peek_dead_letters`` hides the letters it reads before releasing
 #: them; long enough to read a few hundred, short if the release fails.
 PEEK_HIDE = 30
+#: The queue attributes read by ``stats()``: visible, in flight (leased), delayed.
+COUNT_ATTRIBUTES = [
+    "ApproximateNumberOfMessages",
+    "ApproximateNumberOfMessagesNotVisible",
+    "ApproximateNumberOfMessagesDelayed",
+]
 
 _ATTRIBUTE_NAME = re.compile(r"^(?!\.)(?!.*\.\.)(?!.*\.$)[A-Za-z0-9_.-]{1,256}$")
 _BAD_TEXT = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -463,6 +478,7 @@ class SqsDriver(Driver):
             native_dead_letter=False,
             delivery_count=True,
             queue_stats=True,
+            counts=frozenset({"visible", "leased", "delayed"}),
             inspect_dead_letters=True,
         )
 
@@ -721,21 +737,19 @@ class SqsDriver(Driver):
         return list(seen.values())[:limit]
 
     def stats(self) -> QueueStats:
-        """SQS's approximate counts (``ApproximateNumberOfMessages*``)."""
-        response = self.client.get_queue_attributes(
-            QueueUrl=self._url(),
-            AttributeNames=[
-                "ApproximateNumberOfMessages",
-                "ApproximateNumberOfMessagesNotVisible",
-                "ApproximateNumberOfMessagesDelayed",
-            ],
-        )
+        """SQS's approximate counts (``ApproximateNumberOfMessages*``).
+
+        Core adds ``dead_lettered``: the depth of the dead-letter queue it copies to.
+        """
+        visible, leased, delayed = self._counts(self._url())
+        return QueueStats(visible=visible, leased=leased, delayed=delayed)
+
+    def _counts(self, url: str) -> tuple[int, int, int]:
+        """Visible, in-flight and delayed messages of the queue at ``url``."""
+        response = self.client.get_queue_attributes(QueueUrl=url, AttributeNames=COUNT_ATTRIBUTES)
         attributes = response.get("Attributes", {})
-        return QueueStats(
-            visible=int(attributes.get("ApproximateNumberOfMessages", 0)),
-            leased=int(attributes.get("ApproximateNumberOfMessagesNotVisible", 0)),
-            delayed=int(attributes.get("ApproximateNumberOfMessagesDelayed", 0)),
-        )
+        visible, leased, delayed = (int(attributes.get(name, 0)) for name in COUNT_ATTRIBUTES)
+        return visible, leased, delayed
 
     def sibling(self, queue: str) -> SqsDriver:
         """Another queue of the same account and region, sharing this driver's client."""

@@ -82,6 +82,14 @@ Limits:
     the delay must be shorter than the TTL). The service's own throughput
     limit is about 2,000 messages/s per queue.
 
+    Counts: the service tells one number, the queue's approximate message count
+    ("not lower than the actual number of messages in the queue, but could be
+    higher"), which includes invisible messages — leased, delayed or abandoned
+    with a delay — and cannot be split by state. So ``Queue.stats()`` gives it as
+    ``total``, with ``visible``, ``leased`` and ``delayed`` ``None``; and, as
+    ``dead_lettered``, the count of ``<queue>-poison`` (core's, one more call; 0
+    while it does not exist).
+
 Raw types:
     ``lease.raw`` is the SDK's ``azure.storage.queue.QueueMessage`` from the
     receive (its ``content`` is the raw text). Errors are the SDK's
@@ -136,6 +144,7 @@ from leasekit.spi import (
     ErrorCode,
     OutgoingMessage,
     ParsedURL,
+    QueueStats,
     RawMessage,
     Visibility,
     each,
@@ -526,7 +535,8 @@ class AzureStorageQueueDriver(Driver):
             supports_properties=True,
             native_dead_letter=False,
             delivery_count=True,
-            queue_stats=False,
+            queue_stats=True,
+            counts=frozenset({"total"}),
             inspect_dead_letters=True,
         )
 
@@ -682,6 +692,16 @@ class AzureStorageQueueDriver(Driver):
                 )
             )
         return letters
+
+    def stats(self) -> QueueStats:
+        """``get_queue_properties``: the approximate message count, as ``total`` only.
+
+        The service counts every message in the queue, visible or not (leased,
+        delayed), and cannot tell them apart, so the other counts stay ``None``.
+        """
+        properties = self._client.get_queue_properties(**self._timeouts())
+        count = properties.approximate_message_count  # None if the header was missing
+        return QueueStats(total=None if count is None else int(count))
 
     def sibling(self, queue: str) -> AzureStorageQueueDriver:
         """The queue ``queue`` on the same account, sharing this driver's connection pool."""

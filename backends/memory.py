@@ -18,7 +18,9 @@ Delivery semantics:
 Limits:
     Leases 0.01 s – 7 days at millisecond resolution; 256 messages per receive,
     delete, renew and send call; bodies up to ``max_message_size`` (256 KiB by
-    default); long polls wake on arrival.
+    default); long polls wake on arrival. ``Queue.stats()`` counts are exact:
+    visible, leased, delayed (sent with a delay, or abandoned with one),
+    dead-lettered, and their total.
 
 Raw types:
     ``lease.raw`` is ``None``; errors are :class:`leasekit.spi.DriverError`.
@@ -198,6 +200,7 @@ CAPABILITIES = Capabilities(
     native_dead_letter=True,
     delivery_count=True,
     queue_stats=True,
+    counts=frozenset({"visible", "leased", "delayed", "dead_lettered"}),
     inspect_dead_letters=True,
 )
 

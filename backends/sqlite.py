@@ -22,6 +22,8 @@ Limits:
     Leases 0.01 s – 30 days at millisecond resolution; 500 messages per receive,
     delete, renew and send call; bodies up to ``max_message_size`` (1 MiB by
     default). No native long poll: core polls with backoff (5–100 ms).
+    ``Queue.stats()`` counts are exact (one read): visible, leased, delayed (sent
+    with a delay, or abandoned with one), dead-lettered, and their total.
 
 Raw types:
     ``lease.raw`` is ``None``. SDK errors are :class:`sqlite3.Error`.
@@ -185,6 +187,7 @@ CAPABILITIES = Capabilities(
     native_dead_letter=True,
     delivery_count=True,
     queue_stats=True,
+    counts=frozenset({"visible", "leased", "delayed", "dead_lettered"}),
     inspect_dead_letters=True,
 )
 

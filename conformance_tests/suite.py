@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import pytest
@@ -39,6 +39,7 @@ from leasekit import (
     QueueNotFound,
     UnsupportedOperation,
 )
+from leasekit.capabilities import COUNT_FIELDS
 from leasekit.queue import Queue
 
 from .harness import CountingDriver, Harness
@@ -50,6 +51,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: Slack added to every expiry deadline: emulators and services round lease
 #: ends to whole seconds and poll their clocks.
 MARGIN = 5.0
+#: Longest wait for an approximate count to show a change (SQS documents up to a
+#: minute after traffic stops); local backends and the emulators are exact at once.
+COUNT_WAIT = 60.0
+#: Pause between two reads of the counts while waiting for one.
+COUNT_POLL = 0.2
 
 
 def conformance_property(name: str) -> Callable[[F], F]:
@@ -78,6 +84,54 @@ def _lease_one(queue: Queue, duration: float, wait: float) -> Lease:
     leases = queue.lease(1, duration=duration, wait=wait)
     assert leases, f"expected a message on {queue.name!r} within {wait:g} s, got none"
     return leases[0]
+
+
+def _lease_exactly(queue: Queue, count: int, duration: float) -> list[Lease]:
+    """Lease ``count`` messages (several receives if need be), polling with a deadline."""
+    leases: list[Lease] = []
+    deadline = time.monotonic() + 30
+    while len(leases) < count and time.monotonic() < deadline:
+        leases.extend(queue.lease(count - len(leases), duration=duration, wait=1))
+    assert len(leases) == count, f"leased {len(leases)} of {count} messages within 30 s"
+    return leases
+
+
+def _require_count(queue: Queue, name: str) -> None:
+    """Skip, with the capability as the reason, unless ``stats()`` counts ``name``."""
+    caps = queue.capabilities
+    if not caps.queue_stats:
+        pytest.skip("backend cannot report counts (queue_stats=False)")
+    if name not in caps.counted:
+        pytest.skip(
+            f"backend does not count {name.replace('_', '-')} messages "
+            f"(capabilities.counted: {', '.join(sorted(caps.counted)) or 'none'})"
+        )
+
+
+def _await_count(
+    queue: Queue, name: str, expected: int, step: str, hold: Sequence[Lease] = ()
+) -> None:
+    """Poll ``stats()`` until count ``name`` is ``expected``; fail after :data:`COUNT_WAIT`.
+
+    Cloud counts are approximate and lag (SQS: up to a minute), so the check is a
+    poll with a deadline. The leases in ``hold`` are renewed when half their time
+    is gone, so a slow count cannot turn a leased message visible again.
+    """
+    deadline = time.monotonic() + COUNT_WAIT
+    while True:
+        value = getattr(queue.stats(), name)
+        if value == expected:
+            return
+        if time.monotonic() >= deadline:
+            raise AssertionError(
+                f"{name} count is {value}, expected {expected} {step} "
+                f"(polled stats() for {COUNT_WAIT:g} s)"
+            )
+        now = time.time()
+        for lease in hold:
+            if lease.expires_at.timestamp() - now < lease.duration / 2:
+                lease.renew()
+        time.sleep(COUNT_POLL)  # an approximate count has no event to wait on
 
 
 def _wait_redelivery(queue: Queue, duration: float, lease_duration: float) -> Lease:
@@ -536,6 +590,77 @@ class ConformanceSuite:
             letters[0].id == message_id
             or letters[0].properties.get("leasekit-original-id") == message_id
         )
+
+    # ----------------------------------------------------------------- counts
+
+    @conformance_property("declared capabilities are true")
+    def test_stats_fill_exactly_the_declared_counts(self, queue: Queue) -> None:
+        caps = queue.capabilities
+        if not caps.queue_stats:
+            with pytest.raises(UnsupportedOperation):
+                queue.stats()
+            return
+        stats = queue.stats()
+        filled = {name for name in COUNT_FIELDS if getattr(stats, name) is not None}
+        assert filled == set(caps.counted), (
+            f"stats() filled {sorted(filled)}, capabilities.counted says {sorted(caps.counted)}"
+        )
+        for name in filled:
+            assert getattr(stats, name) == 0, f"a new queue counts {name}={getattr(stats, name)}"
+
+    @conformance_property("count: visible")
+    def test_visible_count_follows_send_and_lease(self, queue: Queue, long: float) -> None:
+        _require_count(queue, "visible")
+        queue.send_many([b"v1", b"v2", b"v3"])
+        _await_count(queue, "visible", 3, "after sending 3")
+        leases = _lease_exactly(queue, 2, long)
+        _await_count(queue, "visible", 1, "after leasing 2 of 3", hold=leases)
+        queue.complete_many(leases)
+        _await_count(queue, "visible", 1, "after completing the 2 leased")
+
+    @conformance_property("count: leased")
+    def test_leased_count_follows_lease_and_complete(self, queue: Queue, long: float) -> None:
+        _require_count(queue, "leased")
+        queue.send_many([b"l1", b"l2", b"l3"])
+        _await_count(queue, "leased", 0, "after sending 3, none leased")
+        leases = _lease_exactly(queue, 2, long)
+        _await_count(queue, "leased", 2, "after leasing 2 of 3", hold=leases)
+        queue.complete_many(leases)
+        _await_count(queue, "leased", 0, "after completing the 2 leased")
+
+    @conformance_property("count: delayed")
+    def test_delayed_count_counts_a_delayed_send(self, queue: Queue) -> None:
+        _require_count(queue, "delayed")
+        caps = queue.capabilities
+        if caps.max_send_delay <= 0:
+            pytest.skip("backend cannot delay a sent message (max_send_delay=0)")
+        queue.send(b"now")
+        # Long enough to stay delayed however long the count takes to show it.
+        queue.send(b"later", delay=min(caps.max_send_delay, COUNT_WAIT + 4 * MARGIN))
+        _await_count(queue, "delayed", 1, "after one delayed and one plain send")
+
+    @conformance_property("count: dead-lettered")
+    def test_dead_lettered_count_counts_a_dead_letter(self, queue: Queue, long: float) -> None:
+        _require_count(queue, "dead_lettered")
+        _await_count(queue, "dead_lettered", 0, "before any dead letter")
+        queue.send_many([b"poison", b"fine"])
+        [lease] = _lease_exactly(queue, 1, long)
+        lease.dead_letter("counted")
+        _await_count(queue, "dead_lettered", 1, "after dead-lettering 1")
+
+    @conformance_property("count: total")
+    def test_total_count_follows_send_lease_and_complete(self, queue: Queue, long: float) -> None:
+        _require_count(queue, "total")
+        queue.send_many([b"t1", b"t2", b"t3"])
+        _await_count(queue, "total", 3, "after sending 3")
+        leases = _lease_exactly(queue, 2, long)
+        _await_count(queue, "total", 3, "after leasing 2 of 3 (leased ones count)", hold=leases)
+        queue.complete_many(leases)
+        _await_count(queue, "total", 1, "after completing the 2 leased")
+        caps = queue.capabilities
+        if caps.max_send_delay > 0:
+            queue.send(b"later", delay=min(caps.max_send_delay, COUNT_WAIT + 4 * MARGIN))
+            _await_count(queue, "total", 2, "after a delayed send (delayed ones count)")
 
     # ------------------------------------------------------------ not found
 

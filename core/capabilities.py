@@ -7,7 +7,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Capabilities"]
+__all__ = ["COUNT_FIELDS", "Capabilities"]
+
+#: The message counts a :class:`~leasekit.spi.QueueStats` can hold (its field names).
+COUNT_FIELDS = ("visible", "leased", "delayed", "dead_lettered", "total")
+#: The counts whose sum is ``total`` (core adds it up when the driver counts all three).
+_TOTAL_PARTS = frozenset({"visible", "leased", "delayed"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,8 +85,14 @@ class Capabilities:
     native_dead_letter: bool = False
     #: ``delivery_count`` is exact (1 on first delivery, +1 per redelivery).
     delivery_count: bool = True
-    #: The backend can report visible / leased / dead-lettered counts.
+    #: ``stats()`` works: the backend reports some message counts (which ones: ``counts``).
     queue_stats: bool = False
+    #: The counts the driver's ``stats()`` reports, as :data:`COUNT_FIELDS` names
+    #: (``"visible"``, ``"leased"``, ``"delayed"``, ``"dead_lettered"``, ``"total"``);
+    #: it leaves the others ``None``. Core derives more (see :attr:`counted`), and the
+    #: conformance suite checks each counted one as messages are sent, leased,
+    #: completed, delayed and dead-lettered.
+    counts: frozenset[str] = frozenset()
     #: Dead-lettered messages can be read back (``Queue.peek_dead_letters``).
     inspect_dead_letters: bool = False
 
@@ -97,11 +108,42 @@ class Capabilities:
                 raise ValueError(f"Capabilities: {name} must be at least 1")
         if self.max_send_batch_bytes is not None and self.max_send_batch_bytes < 1:
             raise ValueError("Capabilities: max_send_batch_bytes must be at least 1 or None")
+        if isinstance(self.counts, str) or not all(isinstance(c, str) for c in self.counts):
+            raise ValueError(f"Capabilities: counts must be a set of names, got {self.counts!r}")
+        # A frozen dataclass: store any set of names as the frozenset it is declared as.
+        object.__setattr__(self, "counts", frozenset(self.counts))
+        unknown = sorted(self.counts.difference(COUNT_FIELDS))
+        if unknown:
+            raise ValueError(
+                f"Capabilities: unknown count(s) {', '.join(unknown)}; "
+                f"counts are {', '.join(COUNT_FIELDS)}"
+            )
+        if self.counts and not self.queue_stats:
+            raise ValueError("Capabilities: counts need queue_stats=True")
+
+    @property
+    def counted(self) -> frozenset[str]:
+        """The counts :meth:`leasekit.Queue.stats` fills in; the others stay ``None``.
+
+        The driver's :attr:`counts`, plus what core derives from them: ``total``
+        (visible + leased + delayed) when the driver counts all three, and, where
+        core dead-letters to ``<queue>-poison`` (``native_dead_letter=False``),
+        ``dead_lettered`` (that queue's total) when ``total`` is known.
+        """
+        counted = set(self.counts)
+        if counted >= _TOTAL_PARTS:
+            counted.add("total")
+        if not self.native_dead_letter and "total" in counted:
+            counted.add("dead_lettered")
+        return frozenset(counted)
 
     def replace(self, **changes: Any) -> Capabilities:
         """A copy with some fields changed."""
         return dataclasses.replace(self, **changes)
 
     def as_dict(self) -> dict[str, Any]:
-        """The capabilities as a plain dict (for JSON and the CLI)."""
-        return dataclasses.asdict(self)
+        """The capabilities as a plain dict (for JSON and the CLI); sets become sorted lists."""
+        return {
+            key: sorted(value) if isinstance(value, frozenset) else value
+            for key, value in dataclasses.asdict(self).items()
+        }

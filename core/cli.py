@@ -22,6 +22,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import errors
+from .capabilities import COUNT_FIELDS
 from .redaction import redact
 from .registry import default_registry
 from .registry import open as open_queue
@@ -229,7 +230,7 @@ def stats(
     url: Annotated[str, typer.Argument(help="Queue URL.")],
     option: OptionList = None,
 ) -> None:
-    """Print visible / leased / delayed / dead-lettered counts where the backend can tell."""
+    """Print visible / leased / delayed / dead-lettered / total counts, where known."""
 
     def go() -> None:
         with open_queue(url, **_parse_options(option)) as queue:
@@ -237,7 +238,7 @@ def stats(
         table = Table(title=f"queue {queue.name}")
         table.add_column("state")
         table.add_column("messages", justify="right")
-        for state in ("visible", "leased", "delayed", "dead_lettered"):
+        for state in COUNT_FIELDS:
             value = getattr(counts, state)
             table.add_row(state.replace("_", "-"), "unknown" if value is None else str(value))
         console.print(table)

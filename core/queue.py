@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import threading
@@ -359,16 +360,54 @@ class Queue:
     # ----------------------------------------------------------------- admin
 
     def stats(self) -> QueueStats:
-        """Counts of visible, leased, delayed and dead-lettered messages where the backend can tell.
+        """Counts of visible, leased, delayed, dead-lettered and all messages, where known.
+
+        Approximate on the cloud services. Which counts are filled in (the others
+        are ``None``) is ``capabilities.counted``: what the backend tells, plus
+        ``total`` when it tells visible, leased and delayed apart, and, where core
+        dead-letters to ``<queue>-poison``, ``dead_lettered`` as that queue's total
+        (one more call; 0 while no message was dead-lettered, as core creates
+        the poison queue on the first).
 
         Raises:
             UnsupportedOperation: the backend cannot count (``capabilities.queue_stats``).
         """
         self._require_open()
-        if not self.capabilities.queue_stats:
+        caps = self.capabilities
+        if not caps.queue_stats:
             raise errors.UnsupportedOperation(f"{self._driver.scheme} cannot report queue stats")
+        derived = caps.counted - caps.counts  # core's to fill in
         with deadline(self._call_timeout):
-            return self._call("stats", self._driver.stats)
+            counts = self._call("stats", self._driver.stats)
+            if "total" in derived:
+                counts = _with_total(counts)
+            if "dead_lettered" in derived:
+                counts = dataclasses.replace(counts, dead_lettered=self._poison_count())
+        return counts
+
+    def _poison_count(self) -> int | None:
+        """All messages of the queue core dead-letters to (0 if it does not exist yet).
+
+        ``None`` where that cannot be counted.
+        """
+        if self._poison is not None:
+            target, opened = self._poison, False
+        else:
+            try:
+                named = self._dead_letter_queue()
+                target = self._sibling(named or self.name + dead_letters.POISON_SUFFIX)
+            except errors.UnsupportedOperation:  # no sibling(): the backend cannot dead-letter
+                return None
+            opened = True
+        try:
+            if not target.capabilities.queue_stats:
+                return None
+            return _with_total(self._call("dead-letter queue stats", target.stats)).total
+        except errors.QueueNotFound:
+            return 0
+        finally:
+            if opened:
+                target.close()
 
     def peek_dead_letters(self, limit: int = 10) -> list[DeadLetter]:
         """Read up to ``limit`` dead-lettered messages without removing them.
@@ -1139,3 +1178,13 @@ class Queue:
                     raise
             self._poison = target
             return target
+
+
+def _with_total(counts: QueueStats) -> QueueStats:
+    """``counts`` with ``total`` added up where the driver told visible, leased and delayed."""
+    if counts.total is not None:
+        return counts
+    parts = (counts.visible, counts.leased, counts.delayed)
+    if any(part is None for part in parts):
+        return counts
+    return dataclasses.replace(counts, total=sum(part or 0 for part in parts))

@@ -162,12 +162,25 @@ class Visibility(NamedTuple):
 
 @dataclass(frozen=True)
 class QueueStats:
-    """Message counts; ``None`` where the backend cannot tell."""
+    """Message counts, approximate on cloud services; ``None`` where the backend cannot tell.
 
+    Which counts a backend gives is ``capabilities.counted`` (a driver's own
+    ``stats()`` fills ``capabilities.counts``; core adds the rest).
+    """
+
+    #: Messages a receive can take now.
     visible: int | None = None
+    #: Messages received and not yet settled whose lease has not ended (in flight).
     leased: int | None = None
+    #: Messages sent with a delay (or abandoned with one, where the backend tells
+    #: that apart from a lease) that are not visible yet.
     delayed: int | None = None
+    #: Messages in the dead-letter place: the native store, or ``<queue>-poison``.
     dead_lettered: int | None = None
+    #: Every message in the queue, whatever its state (visible + leased + delayed;
+    #: dead letters not included): what a service that cannot tell the states
+    #: apart still knows.
+    total: int | None = None
 
 
 @dataclass(frozen=True)
@@ -338,7 +351,13 @@ class Driver(ABC):
         raise NotImplementedError("The 'peek' method is not implemented.")
 
     def stats(self) -> QueueStats:
-        """Message counts for the queue (``capabilities.queue_stats``)."""
+        """Message counts for the queue (``capabilities.queue_stats``).
+
+        Must fill exactly the counts named in ``capabilities.counts`` (the others
+        ``None``; core derives ``total`` and, without a native dead-letter store,
+        ``dead_lettered``). Approximate counts are fine where the service's are;
+        a missing queue must raise like any other call.
+        """
         raise NotImplementedError("The 'stats' method is not implemented.")
 
     def sibling(self, queue: str) -> Driver:

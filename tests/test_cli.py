@@ -36,6 +36,7 @@ def test_send_lease_complete_and_stats_round_trip(url: str) -> None:
     assert line["id"] == message_id and line["properties"] == {"kind": "greeting"}
     stats = runner.invoke(app, ["stats", url])
     assert stats.exit_code == 0 and "visible" in stats.output
+    assert "total" in stats.output and "dead-lettered" in stats.output
 
 
 def test_lease_abandons_by_default_so_nothing_is_lost(url: str) -> None:

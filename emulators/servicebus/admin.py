@@ -15,7 +15,13 @@ emulator serves it on a second port (5300 by default); so does this one
   set to a value that matters (``RequiresDuplicateDetection: true``,
   ``ForwardTo``...) is refused ``501``, naming it;
 * ``GET /{queue}``: the entry with runtime counts; a missing queue gives ``200``
-  and an empty feed, as Service Bus does (the SDK raises ``ResourceNotFoundError``);
+  and an empty feed, as Service Bus does (the SDK raises ``ResourceNotFoundError``).
+  The counts are the service's: ``ActiveMessageCount`` covers available, locked
+  and deferred messages (Service Bus has no count of locked ones),
+  ``ScheduledMessageCount`` those not yet due, ``DeadLetterMessageCount`` the
+  dead-letter sub-queue, and ``MessageCount`` all three together; they follow
+  lock expiry, schedules and time-to-live as the broker applies them (on its
+  ``amqp.TICK_SECONDS`` timer);
 * ``DELETE /{queue}``: ``200``; ``404`` if missing;
 * ``GET /$Resources/queues?$skip=&$top=``: a feed of entries, paged;
 * ``GET /$namespaceinfo``: the namespace's properties.

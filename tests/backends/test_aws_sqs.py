@@ -34,7 +34,7 @@ from leasekit.conformance import ConformanceSuite, UrlHarness, conformance_prope
 from leasekit.emulators._process import ServerProcess, free_port, python_module
 from leasekit.error_mapping import wrap_error
 from leasekit.queue import Queue
-from leasekit.spi import DriverError, ErrorCode, Visibility
+from leasekit.spi import DriverError, ErrorCode, QueueStats, Visibility
 
 botocore_exceptions = pytest.importorskip("botocore.exceptions")
 
@@ -482,8 +482,36 @@ def test_stats_report_sqs_approximate_counts(queue: Queue) -> None:
     queue.send(b"later", delay=60)
     lease = queue.lease(1, duration=60, wait=5)[0]
     stats = queue.stats()
-    assert (stats.visible, stats.leased, stats.delayed) == (2, 1, 1)
+    assert stats == QueueStats(visible=2, leased=1, delayed=1, dead_lettered=0, total=4)
     lease.complete()
+
+
+def test_stats_count_every_letter_in_the_redrive_dlq(queue: Queue, moto_server: Any) -> None:
+    client = _driver(queue).client
+    dlq_url = client.create_queue(QueueName=_name("dlq"))["QueueUrl"]
+    arn = client.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])
+    policy = {"deadLetterTargetArn": arn["Attributes"]["QueueArn"], "maxReceiveCount": "1"}
+    name = _name()
+    client.create_queue(QueueName=name, Attributes={"RedrivePolicy": json.dumps(policy)})
+    q = leasekit.open("aws-sqs", queue=name, **moto_server.options)
+    try:
+        q.send_many([b"given up", b"redriven"])
+        assert q.stats().dead_lettered == 0
+        first, second = q.lease(2, duration=1, wait=5)
+        first.dead_letter("handler gave up")  # leasekit's copy to the DLQ
+        assert q.stats().dead_lettered == 1
+        # SQS's own redrive: past maxReceiveCount, a receive moves the message to the DLQ.
+        deadline = time.monotonic() + 10
+        while q.stats().dead_lettered != 2 and time.monotonic() < deadline:
+            assert q.lease(1, duration=30, wait=0.2) == []
+        assert q.stats() == QueueStats(visible=0, leased=0, delayed=0, dead_lettered=2, total=0)
+        assert len(q.peek_dead_letters()) == 2  # hidden while read: still counted
+        assert q.stats().dead_lettered == 2
+        del second
+    finally:
+        q.delete()
+        q.close()
+        client.delete_queue(QueueUrl=dlq_url)
 
 
 # ------------------------------------------------------------ real errors

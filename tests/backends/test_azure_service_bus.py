@@ -36,7 +36,7 @@ from leasekit import (
 from leasekit.conformance import ConformanceSuite, UrlHarness
 from leasekit.error_mapping import wrap_error
 from leasekit.queue import Queue
-from leasekit.spi import DriverError, ErrorCode
+from leasekit.spi import DriverError, ErrorCode, QueueStats
 
 pytest.importorskip("azure.servicebus")
 pytest.importorskip("proton", reason="the Service Bus emulator needs python-qpid-proton")
@@ -280,6 +280,8 @@ def test_dead_letter_and_max_delivery_count_land_in_the_dlq(servicebus_server: A
         assert letters[second].reason == "MaxDeliveryCountExceeded"
         assert letters[second].delivery_count == 2
         assert q.lease(1, wait=0.5) == []
+        # Both letters counted, the broker's own too (runtime properties).
+        assert q.stats() == QueueStats(delayed=0, dead_lettered=2, total=0)
     finally:
         q.delete()
         q.close()
@@ -340,6 +342,8 @@ def test_queue_admin_goes_through_the_administration_client(servicebus_server: A
     with servicebus_server.admin_client() as admin, pytest.raises(ResourceNotFoundError):
         admin.get_queue(q.name)
     gone = _open(servicebus_server, q.name, create=False)
+    with pytest.raises(QueueNotFound):
+        gone.stats()
     gone.delete()  # a missing queue is fine
     gone.close()
 

@@ -135,3 +135,41 @@ def test_health_and_namespace(servicebus_server: Any) -> None:
     with servicebus_server.admin_client() as admin:
         namespace = admin.get_namespace_properties()
     assert (namespace.name, namespace.messaging_sku) == ("sbemulatorns", "Standard")
+
+
+def _runtime_counts(admin: Any, name: str) -> tuple[int, int, int, int]:
+    runtime = admin.get_queue_runtime_properties(name)
+    return (
+        runtime.active_message_count,
+        runtime.scheduled_message_count,
+        runtime.dead_letter_message_count,
+        runtime.total_message_count,
+    )
+
+
+def test_runtime_counts_follow_locks_settlement_and_schedules(servicebus_server: Any) -> None:
+    """Counted as the service counts: a locked (or deferred) message is still active."""
+    name = servicebus_server.create_queue(lock_duration=30)
+    with (
+        ServiceBusClient.from_connection_string(servicebus_server.connection_string) as client,
+        servicebus_server.admin_client() as admin,
+    ):
+        with client.get_queue_sender(name, keep_alive=0) as sender:
+            sender.send_messages([ServiceBusMessage(b"a"), ServiceBusMessage(b"b")])
+            soon = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=1)
+            sender.schedule_messages(ServiceBusMessage(b"soon"), soon)
+        assert _runtime_counts(admin, name) == (2, 1, 0, 3)
+        with client.get_queue_receiver(name, keep_alive=0) as receiver:
+            locked = receiver.receive_messages(2, max_wait_time=5)
+            if len(locked) < 2:
+                locked += receiver.receive_messages(1, max_wait_time=2)
+            assert len(locked) == 2
+            assert _runtime_counts(admin, name) == (2, 1, 0, 3)  # no count of locked ones
+            receiver.complete_message(locked[0])
+            receiver.defer_message(locked[1])
+            assert _runtime_counts(admin, name) == (1, 1, 0, 2)  # deferred: active
+        deadline = time.monotonic() + MAX_WAIT
+        while _runtime_counts(admin, name) != (2, 0, 0, 2) and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling the counters until the schedule comes due
+        assert _runtime_counts(admin, name) == (2, 0, 0, 2)
+        admin.delete_queue(name)

@@ -129,7 +129,9 @@ def test_failed_batch_comes_back_after_restart_and_none_is_lost(
             end = time.monotonic() + 10
             while queue.stats().leased and time.monotonic() < end:
                 time.sleep(0.05)  # poll interval
-            assert queue.stats() == QueueStats(visible=20, leased=0, delayed=0, dead_lettered=0)
+            assert queue.stats() == QueueStats(
+                visible=20, leased=0, delayed=0, dead_lettered=0, total=20
+            )
         else:
             # Still leased (the failed batch, and maybe the prefetched next one): they
             # come back when the leases lapse.
