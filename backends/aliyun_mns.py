@@ -41,8 +41,8 @@ Delivery semantics:
     until the message's ``NextVisibleTime``: an expired handle fails
     (``LeaseLost``) even if nobody received the message again. The delivery
     count is MNS's ``DequeueCount``. Order is MNS's (priority, then roughly
-    FIFO); receives long-poll (``waitseconds``, whole seconds: a fractional
-    wait is rounded *up*, so a receive may block up to 1 s longer than asked).
+    FIFO); receives long-poll (``waitseconds``, whole seconds:
+    ``wait_resolution=1``, so core asks for whole seconds and polls the rest).
 
     Dead-lettering is not native in this API: core copies the message to
     ``<queue>-poison`` with the properties ``leasekit-dead-letter-reason``,
@@ -608,6 +608,7 @@ class AliyunMnsDriver(Driver):
             max_send_batch_bytes=MAX_BODY,
             max_message_size=MAX_BODY,
             max_wait=float(MAX_WAIT),
+            wait_resolution=1.0,
             max_abandon_delay=float(MAX_VISIBILITY),
             min_abandon_delay=float(MIN_VISIBILITY),
             max_send_delay=float(MAX_DELAY),
@@ -704,7 +705,7 @@ class AliyunMnsDriver(Driver):
         """
         from mns.mns_exception import MNSServerException
 
-        wait_seconds = min(MAX_WAIT, _whole_seconds(wait)) if wait > 0 else 0
+        wait_seconds = min(MAX_WAIT, _whole_seconds(wait)) if wait > 0 else 0  # whole already
         with self._clients.queue(self.queue, wait_seconds) as sdk_queue:
             try:
                 messages = sdk_queue.batch_receive_message(max_messages, wait_seconds)

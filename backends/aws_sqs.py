@@ -471,6 +471,7 @@ class SqsDriver(Driver):
             max_send_batch=BATCH,
             max_message_size=(size - ATTRIBUTE_ROOM) // 4 * 3,
             max_wait=float(MAX_WAIT),
+            wait_resolution=1.0,
             max_abandon_delay=float(MAX_VISIBILITY),
             max_send_delay=float(MAX_DELAY),
             max_ttl=None,
@@ -598,7 +599,6 @@ class SqsDriver(Driver):
     def receive(self, max_messages: int, visibility: float, wait: float) -> list[RawMessage]:
         """``ReceiveMessage``: up to 10 messages, hidden for ``visibility``; long-polls ``wait``."""
         url = self._url()
-        started = time.monotonic()
         wait_seconds = min(int(wait), MAX_WAIT)
         now = time.time()
         response = self.client.receive_message(
@@ -610,12 +610,6 @@ class SqsDriver(Driver):
             MessageAttributeNames=["All"],
         )
         messages = response.get("Messages", [])
-        if not messages and wait > wait_seconds:
-            # SQS waits in whole seconds; spend the fraction left so core's
-            # long-poll loop does not call again at once.
-            rest = wait - (time.monotonic() - started)
-            if rest > 0:
-                time.sleep(min(rest, 1.0))
         until = to_datetime(now + visibility)
         return [self._raw_message(m, until) for m in messages]
 

@@ -65,6 +65,9 @@ class Capabilities:
     max_message_size: int = 65536
     #: Longest a single receive may wait for messages; 0 if the backend cannot long-poll.
     max_wait: float = 0.0
+    #: A receive's wait is a multiple of this (SQS, MNS: whole seconds); core asks
+    #: for the whole part of what is left and polls for the rest. 0: any wait.
+    wait_resolution: float = 0.0
     #: Longest delay on abandon; 0 if abandon cannot be delayed.
     max_abandon_delay: float = 0.0
     #: Shortest time an abandoned message stays hidden: ``abandon(delay)`` makes it

@@ -307,6 +307,8 @@ class Queue:
             want = min(max_messages - len(leases), caps.max_receive_batch)
             remaining = max(0.0, until - time.monotonic())
             call_wait = 0.0 if leases else min(remaining, caps.max_wait)
+            if caps.wait_resolution > 0:  # whole steps only; the rest is waited below
+                call_wait = math.floor(call_wait / caps.wait_resolution) * caps.wait_resolution
             started = time.monotonic()
             with deadline(call_wait + self._call_timeout):
                 batch = self._call(
@@ -317,10 +319,13 @@ class Queue:
                 break
             if batch and len(batch) >= want:
                 continue
-            if leases or time.monotonic() >= until:
+            rest = until - time.monotonic()
+            if leases or rest <= 0:
                 break
-            if caps.max_wait <= 0 or call_wait <= 0:
-                time.sleep(min(poll, max(0.0, until - time.monotonic())))
+            if 0 < rest < caps.wait_resolution:
+                time.sleep(rest)  # a fraction no long poll can wait: wait here, look once more
+            elif caps.max_wait <= 0 or call_wait <= 0:
+                time.sleep(min(poll, rest))
                 poll = min(poll * 2, POLL_MAX)
         for lease in leases:
             self.events.emit("leasekit_lease_acquired", lease=lease)
