@@ -70,7 +70,9 @@ Delivery semantics:
 
 Limits:
     Leases 1 s – 12 h (43,200 s), whole seconds. 16 messages per receive,
-    delete and send call; no batch visibility change. Bodies up to 49,152 bytes
+    delete and send call, and 64 KiB of body text per send batch (declared as
+    ``max_send_batch_bytes``: core splits batches by it); no batch visibility
+    change. Bodies up to 49,152 bytes
     (48 KiB): MNS takes 64 KiB of body text and base64 makes 4 characters of 3
     bytes. Property values must not be empty (the SDK drops an empty value on
     receive, so it is refused before sending) and names must be plain text.
