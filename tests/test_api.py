@@ -545,3 +545,69 @@ def test_capabilities_refuse_a_minimum_abandon_delay_above_the_maximum() -> None
         leasekit.Capabilities(max_abandon_delay=1.0, min_abandon_delay=2.0)
     with pytest.raises(ValueError, match="min_abandon_delay"):
         leasekit.Capabilities(min_abandon_delay=-1.0)
+
+
+class _Refusing(MemoryDriver):
+    """Refuses every message whose body starts with b"no", per entry; or fails a whole call."""
+
+    fail_calls: int = 0
+
+    def send(self, messages):  # type: ignore[no-untyped-def]
+        if self.fail_calls:
+            self.fail_calls -= 1
+            raise DriverError(ErrorCode.UNAVAILABLE, "the whole call failed")
+        sent = super().send([m for m in messages if not m.body.startswith(b"no")])
+        ids = iter(sent)
+        return [
+            DriverError(ErrorCode.INVALID_ARGUMENT, "refused")
+            if m.body.startswith(b"no")
+            else next(ids)
+            for m in messages
+        ]
+
+
+def test_send_many_reports_each_message_sent_or_not(broker: MemoryBroker) -> None:
+    driver = _Refusing(queue="partial", broker=broker)
+    driver.capabilities = driver.capabilities.replace(max_send_batch=2)
+    queue = Queue(driver, retry=RetryPolicy(attempts=1))
+    queue.create()
+    with pytest.raises(errors.SendIncomplete) as info:
+        queue.send_many([b"a", b"no-b", b"c", b"d", b"no-e"])
+    results = info.value.results
+    assert [isinstance(r, str) for r in results] == [True, False, True, True, False]
+    assert isinstance(results[1], errors.InvalidArgument)
+    assert sorted(info.value.failed) == [1, 4] and sorted(info.value.sent) == [0, 2, 3]
+    # Every message after the refused one was still sent: their ids are not lost.
+    got = queue.lease(10, duration=30)
+    assert sorted(lz.message.id for lz in got) == sorted(info.value.sent.values())
+    queue.complete_many(got)
+
+
+def test_send_many_stops_after_a_call_that_failed_whole(broker: MemoryBroker) -> None:
+    driver = _Refusing(queue="whole", broker=broker)
+    driver.capabilities = driver.capabilities.replace(max_send_batch=2)
+    queue = Queue(driver, retry=RetryPolicy(attempts=1))
+    queue.create()
+    queue.send(b"first")
+    driver.fail_calls = 1
+    with pytest.raises(errors.SendIncomplete) as info:
+        queue.send_many([b"a", b"b", b"c"])
+    assert all(isinstance(r, errors.BackendUnavailable) for r in info.value.results)
+    assert [lz.message.body for lz in queue.lease(10, duration=30)] == [b"first"]
+
+
+def test_send_batches_stay_within_the_byte_limit(broker: MemoryBroker) -> None:
+    driver = MemoryDriver(queue="bytes", broker=broker)
+    driver.capabilities = driver.capabilities.replace(max_send_batch=16, max_send_batch_bytes=100)
+    calls: list[int] = []
+    real = driver.send
+
+    def counting(messages):  # type: ignore[no-untyped-def]
+        calls.append(sum(len(m.body) for m in messages))
+        return real(messages)
+
+    driver.send = counting  # type: ignore[method-assign]
+    queue = Queue(driver)
+    queue.create()
+    queue.send_many([b"x" * 40] * 5 + [b"y" * 100])
+    assert calls == [80, 80, 40, 100]

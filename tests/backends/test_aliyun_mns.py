@@ -528,3 +528,16 @@ def test_parsed_url_without_host_is_refused() -> None:
 
 def test_base64_helper_matches_the_sdk_encoding() -> None:
     assert encode_body(b"abc") == base64.b64encode(b"abc").decode()
+
+
+def test_send_many_of_large_bodies_stays_within_the_batch_limit(queue: Queue) -> None:
+    # BatchSendMessage takes 64 KiB of body text in all: four 30,000-byte bodies
+    # (40,000 characters of base64 each) need four calls, and all arrive.
+    bodies = [bytes([i]) * 30_000 for i in range(4)]
+    ids = queue.send_many(bodies)
+    assert len(set(ids)) == 4
+    got: list[Any] = []
+    while len(got) < 4:
+        got += queue.lease(4, duration=60, wait=5)
+    assert sorted(lz.message.body for lz in got) == sorted(bodies)
+    assert queue.complete_many(got) == [None] * 4
