@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
 import signal
 import threading
 import time
@@ -15,13 +14,24 @@ from types import FrameType
 from typing import Any
 
 from . import errors
-from .duration_policy import FixedLeaseDuration, LeaseDurationPolicy
+from .duration_policy import LeaseDurationPolicy
 from .idempotency import IdempotencyStore
 from .keeper import LeaseKeeper
 from .lease import Lease
 from .message import LeaseState
 from .options import MAX_SECONDS, check_bool, check_int, check_number
 from .queue import Queue
+from .worker_policy import (
+    SETTLE_RETRY_LIMIT,
+    SHUTDOWN_CALL_TIMEOUT,
+    WorkerSettings,
+    abandon_delay,
+    completion_outcome,
+    poison_reason,
+    receive_pause,
+    settle_pause,
+    transient,
+)
 
 __all__ = ["Consumer", "ConsumerStats"]
 
@@ -29,20 +39,6 @@ _log = logging.getLogger("leasekit.consumer")
 
 #: How long one lease call waits for messages; bounds how fast ``stop()`` is noticed.
 LEASE_WAIT = 1.0
-#: Backoff after a failed receive (seconds): first, and the cap. A worker loop
-#: never exits on a transient fault; it waits and tries again while its workers
-#: and the keeper go on.
-RECEIVE_BACKOFF_START = 0.1
-RECEIVE_BACKOFF_MAX = 5.0
-#: Backoff between retries of a completion that failed transiently (first, cap).
-SETTLE_BACKOFF_START = 0.1
-SETTLE_BACKOFF_MAX = 2.0
-#: Longest a handled message's completion is retried while its lease stays
-#: held (the keeper renews it meanwhile); after that it is left to come back.
-SETTLE_RETRY_LIMIT = 60.0
-#: How long giving leases back at shutdown may take in all; a lease not given
-#: back in time comes back by itself when its physical lease runs out.
-SHUTDOWN_CALL_TIMEOUT = 2.0
 
 
 @dataclass
@@ -100,11 +96,6 @@ def _start_threads(
     for thread in threads:
         thread.start()
     return threads
-
-
-def _transient(failure: _Failure) -> bool:
-    """Whether a failed completion may work if tried again (the backend was unreachable)."""
-    return isinstance(failure, errors.BackendUnavailable)
 
 
 class _GroupCompleter:
@@ -257,69 +248,44 @@ class Consumer:
             raise errors.InvalidArgument(f"queue must be a leasekit Queue, got {queue!r}")
         if not callable(handler):
             raise errors.InvalidArgument(f"handler must be callable, got {handler!r}")
-        if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
-            raise errors.InvalidArgument(f"concurrency must be an int >= 1, got {concurrency!r}")
-        if max_deliveries is not None and (
-            not isinstance(max_deliveries, int)
-            or isinstance(max_deliveries, bool)
-            or max_deliveries < 1
-        ):
-            raise errors.InvalidArgument(
-                f"max_deliveries must be an int >= 1 or None, got {max_deliveries!r}"
-            )
-        if not isinstance(receivers, int) or isinstance(receivers, bool) or receivers < 1:
-            raise errors.InvalidArgument(f"receivers must be an int >= 1, got {receivers!r}")
-        if prefetch is not None:
-            check_int(prefetch, "prefetch", minimum=0)
-        for name, seconds in (
-            ("backoff_base", backoff_base),
-            ("backoff_max", backoff_max),
-            ("shutdown_grace", shutdown_grace),
-            ("batch_window", batch_window),
-        ):
-            check_number(seconds, name, minimum=0, maximum=MAX_SECONDS)
-        if max_lifetime is not None:
-            check_number(max_lifetime, "max_lifetime", above=0, maximum=MAX_SECONDS)
-        for name, flag in (("pass_lease", pass_lease), ("handle_signals", handle_signals)):
-            check_bool(flag, name)
+        check_int(receivers, "receivers", minimum=1)
+        check_number(batch_window, "batch_window", minimum=0, maximum=MAX_SECONDS)
         if batch_complete is not None:
             check_bool(batch_complete, "batch_complete")
-        if duration_policy is not None and not isinstance(duration_policy, LeaseDurationPolicy):
-            raise errors.InvalidArgument(
-                f"duration_policy must be a LeaseDurationPolicy, got {duration_policy!r}"
-            )
-        if keeper is not None and not isinstance(keeper, LeaseKeeper):
-            raise errors.InvalidArgument(f"keeper must be a LeaseKeeper, got {keeper!r}")
-        if lease_duration is not None and duration_policy is not None:
-            raise errors.InvalidArgument("give lease_duration or duration_policy, not both")
-        if idempotency is not None and not isinstance(idempotency, IdempotencyStore):
-            raise errors.InvalidArgument("idempotency must have seen(), record() and close()")
+        settings = WorkerSettings.check(
+            queue.capabilities,
+            queue.default_lease_duration,
+            queue.check_duration,
+            concurrency=concurrency,
+            lease_duration=lease_duration,
+            duration_policy=duration_policy,
+            max_deliveries=max_deliveries,
+            idempotency=idempotency,
+            keeper=keeper,
+            max_lifetime=max_lifetime,
+            prefetch=prefetch,
+            backoff_base=backoff_base,
+            backoff_max=backoff_max,
+            shutdown_grace=shutdown_grace,
+            pass_lease=pass_lease,
+            handle_signals=handle_signals,
+            receivers=receivers,
+        )
+        self.settings = settings
         self.queue = queue
         self.handler = handler
-        self.concurrency = concurrency
-        if duration_policy is None:
-            seconds = (
-                queue.default_lease_duration
-                if lease_duration is None
-                else queue.check_duration(lease_duration)
-            )
-            duration_policy = FixedLeaseDuration(seconds)
-        self.duration_policy = duration_policy
-        self.max_deliveries = max_deliveries
-        self.idempotency = idempotency
-        self.max_lifetime = max_lifetime
-        # Default: room for a whole receive batch beyond the busy handlers, so
-        # receives and grouped completions stay large.
-        # Capped at 4x concurrency so a consumer does not hoard a big backend's batch.
-        batch = queue.capabilities.max_receive_batch
-        default_prefetch = max(concurrency, min(receivers * batch, 4 * concurrency))
-        self.prefetch = default_prefetch if prefetch is None else prefetch
+        self.concurrency = settings.concurrency
+        self.duration_policy = settings.duration_policy
+        self.max_deliveries = settings.max_deliveries
+        self.idempotency = settings.idempotency
+        self.max_lifetime = settings.max_lifetime
+        self.prefetch = settings.prefetch
         self.receivers = receivers
-        self.backoff_base = backoff_base
-        self.backoff_max = backoff_max
-        self.shutdown_grace = shutdown_grace
-        self.pass_lease = pass_lease
-        self.handle_signals = handle_signals
+        self.backoff_base = settings.backoff_base
+        self.backoff_max = settings.backoff_max
+        self.shutdown_grace = settings.shutdown_grace
+        self.pass_lease = settings.pass_lease
+        self.handle_signals = settings.handle_signals
         can_batch = queue.capabilities.max_delete_batch > 1
         self.batch_complete = can_batch if batch_complete is None else batch_complete and can_batch
         self.batch_window = batch_window
@@ -456,8 +422,7 @@ class Consumer:
             except errors.BackendUnavailable as exc:
                 failures += 1
                 self._count("receive_errors")
-                pause = min(RECEIVE_BACKOFF_MAX, RECEIVE_BACKOFF_START * 2 ** (failures - 1))
-                pause *= 0.5 + random.random() / 2
+                pause = receive_pause(failures)
                 if failures == 1 or failures % 10 == 0:
                     _log.warning(
                         "receiving from %r failed (%d in a row), retrying in %.1f s: %s",
@@ -597,7 +562,7 @@ class Consumer:
             failures = _settle_batch(self.queue, done)
         else:
             failures = [self._complete_one(lease) for lease in done]
-        if any(_transient(failure) for failure in failures):
+        if any(transient(failure) for failure in failures):
             failures = self._retry_settles(done, failures)
         keeper.discard_many(done)
         completed = 0
@@ -626,7 +591,7 @@ class Consumer:
             pending = [
                 i
                 for i, failure in enumerate(failures)
-                if _transient(failure) and done[i].state is LeaseState.HELD
+                if transient(failure) and done[i].state is LeaseState.HELD
             ]
             if not pending:
                 return failures
@@ -639,8 +604,7 @@ class Consumer:
             if now >= limit:
                 return failures
             attempt += 1
-            pause = min(SETTLE_BACKOFF_MAX, SETTLE_BACKOFF_START * 2 ** (attempt - 1))
-            time.sleep(min(pause * (0.5 + random.random() / 2), max(0.0, limit - now)))
+            time.sleep(min(settle_pause(attempt), max(0.0, limit - now)))
             leases = [done[i] for i in pending]
             with self._lock:
                 self._stats.settle_retries += len(leases)
@@ -659,44 +623,25 @@ class Consumer:
         self, lease: Lease, failure: _Failure
     ) -> tuple[str, BaseException | None]:
         """The outcome of completing a handled lease (counted, except ``completed``)."""
-        if failure is None:
-            return "completed", None
-        if isinstance(failure, errors.LeaseLost):
-            self._count("stale_on_complete")
+        outcome, counter, error = completion_outcome(
+            lease, failure, shutting_down=self._shutting_down
+        )
+        if counter is not None:
+            self._count(counter)
+        if outcome == "stale":
             self.duration_policy.stale()
-            _log.warning(
-                "message %r was handled but its receipt was stale on complete (%s); "
-                "it may be delivered again",
-                lease.message.id,
-                failure,
-            )
-            return "stale", failure
-        if isinstance(failure, errors.LeaseStateError):
-            if lease.state is LeaseState.ABANDONED and self._shutting_down:
-                return "abandoned_at_shutdown", None
-            self._count("settle_errors")
-            _log.error("could not complete message %r: %s", lease.message.id, failure)
-            return "error", failure
-        self._count("settle_errors")
-        _log.error("could not settle message %r: %s", lease.message.id, failure)
-        return "error", failure
+        return outcome, error
 
     def _duration(self) -> float:
-        caps = self.queue.capabilities
-        if caps.fixed_lease is not None:
-            return caps.fixed_lease
-        wanted = self.duration_policy.current()
-        return self.queue.check_duration(min(max(wanted, caps.min_lease), caps.max_lease))
+        return self.settings.lease_duration(self.queue.capabilities, self.queue.check_duration)
 
     def _handle(self, lease: Lease) -> tuple[str, BaseException | None]:
         """Run the handler on one lease; ``"handled"`` means it is ready to be completed."""
         message = lease.message
         try:
-            if self.max_deliveries is not None and message.delivery_count > self.max_deliveries:
-                lease.dead_letter(
-                    f"delivered {message.delivery_count} times; max_deliveries is "
-                    f"{self.max_deliveries}"
-                )
+            poison = poison_reason(message.delivery_count, self.max_deliveries)
+            if poison is not None:
+                lease.dead_letter(poison)
                 self._count("dead_lettered")
                 return "dead_lettered", None
             if self.idempotency is not None and self.idempotency.seen(message.id):
@@ -714,7 +659,11 @@ class Consumer:
             except Exception as exc:
                 self._count("failed")
                 _log.warning("handler failed on message %r: %r", message.id, exc)
-                lease.abandon(delay=self._backoff(message.delivery_count))
+                lease.abandon(
+                    delay=abandon_delay(
+                        message.delivery_count, self.settings, self.queue.capabilities
+                    )
+                )
                 self._count("abandoned")
                 return "abandoned", exc
             elapsed = time.monotonic() - start
@@ -743,13 +692,6 @@ class Consumer:
         state = lease.state
         self._count(_SELF_SETTLED[state])
         return state.value, None
-
-    def _backoff(self, delivery_count: int) -> float:
-        limit = self.queue.capabilities.max_abandon_delay
-        if limit <= 0 or self.backoff_base <= 0:
-            return 0.0
-        delay = self.backoff_base * 2 ** max(0, delivery_count - 1)
-        return float(min(delay, self.backoff_max, limit))
 
     def _count(self, name: str) -> None:
         with self._lock:

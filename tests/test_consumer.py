@@ -60,8 +60,11 @@ def test_a_failing_handler_is_retried_then_dead_lettered_as_poison(queue: Queue)
 
 
 def test_abandon_delay_backs_off_exponentially(queue: Queue) -> None:
+    from leasekit.worker_policy import abandon_delay
+
     consumer = leasekit.Consumer(queue, lambda m: None, backoff_base=2, backoff_max=30)
-    assert [consumer._backoff(n) for n in (1, 2, 3, 6)] == [2, 4, 8, 30]
+    delays = [abandon_delay(n, consumer.settings, queue.capabilities) for n in (1, 2, 3, 6)]
+    assert delays == [2, 4, 8, 30]
 
 
 def test_a_handler_slower_than_the_lease_finishes_without_a_stale_receipt(queue: Queue) -> None:
