@@ -15,11 +15,22 @@ or build it into a backend's own tests::
             harness = UrlHarness("mine", endpoint=...)
             yield harness
             harness.close()
+
+``AsyncUrlHarness`` runs the same suite through ``leasekit.aio`` (and
+``--leasekit-async`` does on the command line): the same matrix, either way.
 """
 
 from __future__ import annotations
 
+from .async_harness import AsyncUrlHarness
 from .harness import CountingDriver, Harness, UrlHarness
 from .suite import ConformanceSuite, conformance_property
 
-__all__ = ["ConformanceSuite", "CountingDriver", "Harness", "UrlHarness", "conformance_property"]
+__all__ = [
+    "AsyncUrlHarness",
+    "ConformanceSuite",
+    "CountingDriver",
+    "Harness",
+    "UrlHarness",
+    "conformance_property",
+]

@@ -4,6 +4,7 @@ Options:
     ``--leasekit-backend URL``: the backend the packaged suite runs against.
     ``--leasekit-option KEY=VALUE``: a backend option (repeatable; credentials
     belong here or in the environment, not in the URL).
+    ``--leasekit-async``: drive the backend through ``leasekit.aio`` instead.
     ``--leasekit-report-json PATH`` / ``--leasekit-report-md PATH``: write the
     compatibility matrix (property x result, with skip reasons).
 """
@@ -15,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from .harness import UrlHarness
+from .async_harness import AsyncUrlHarness
+from .harness import Harness, UrlHarness
 from .report import MatrixReport
 
 
@@ -34,6 +36,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="append",
         default=[],
         help="backend option passed to leasekit.open (repeatable)",
+    )
+    group.addoption(
+        "--leasekit-async",
+        action="store_true",
+        default=False,
+        help="run the suite through the asyncio API (leasekit.aio)",
     )
     group.addoption("--leasekit-report-json", metavar="PATH", default=None)
     group.addoption("--leasekit-report-md", metavar="PATH", default=None)
@@ -60,12 +68,17 @@ def _options(config: pytest.Config) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
-def leasekit_harness(request: pytest.FixtureRequest) -> Iterator[UrlHarness]:
-    """A :class:`UrlHarness` for ``--leasekit-backend``."""
+def leasekit_harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    """A :class:`UrlHarness` for ``--leasekit-backend`` (an async one with ``--leasekit-async``)."""
     target = request.config.getoption("--leasekit-backend")
     if not target:
         pytest.skip("no --leasekit-backend given: nothing to run the conformance suite against")
-    harness = UrlHarness(target, **_options(request.config))
+    options = _options(request.config)
+    harness: Harness = (
+        AsyncUrlHarness(target, **options)
+        if request.config.getoption("--leasekit-async")
+        else UrlHarness(target, **options)
+    )
     yield harness
     harness.close()
 

@@ -69,14 +69,21 @@ def conformance_property(name: str) -> Callable[[F], F]:
 
 
 def _twin(lease: Lease, receipt: str | None = None) -> Lease:
-    """A second Lease object on the same receipt: lets a test reuse a receipt after settling."""
+    """A second Lease object on the same receipt: lets a test reuse a receipt after settling.
+
+    A lease of another face of the API (the async harness's) makes its own twin.
+    """
+    twin = getattr(lease, "twin", None)
+    if twin is not None:
+        made: Lease = twin(receipt)
+        return made
     return Lease(
         lease.queue,
         lease.message,
         receipt or lease.receipt,
         lease.expires_at,
         lease.duration,
-        lease._raw_message,
+        lease.raw_message,
     )
 
 

@@ -260,6 +260,9 @@ def conformance(
         str | None, typer.Option("-k", help="Only tests matching (pytest -k).")
     ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show pytest output.")] = False,
+    use_async: Annotated[
+        bool, typer.Option("--async", help="Drive the backend through leasekit.aio.")
+    ] = False,
 ) -> None:
     """Run the conformance suite against a backend and print its compatibility matrix."""
     with tempfile.TemporaryDirectory(prefix="leasekit-conformance-") as tmp:
@@ -282,6 +285,8 @@ def conformance(
             argv += ["--leasekit-option", item]
         if select:
             argv += ["-k", select]
+        if use_async:
+            argv.append("--leasekit-async")
         result = subprocess.run(argv, cwd=tmp, capture_output=not verbose, text=True, check=False)
         if not report.exists():
             err_console.print(result.stdout or "", result.stderr or "", highlight=False)

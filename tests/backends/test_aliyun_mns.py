@@ -45,7 +45,7 @@ from leasekit.backends.aliyun_mns import (
     decode_body,
     encode_body,
 )
-from leasekit.conformance import ConformanceSuite, UrlHarness
+from leasekit.conformance import AsyncUrlHarness, ConformanceSuite, UrlHarness
 from leasekit.emulators._process import free_port
 from leasekit.queue import Queue
 from leasekit.retry import RetryPolicy
@@ -63,6 +63,20 @@ class TestAliyunMnsConformance(ConformanceSuite):
     @classmethod
     def harness(cls, mns_server: Any) -> Iterator[UrlHarness]:
         harness = UrlHarness(
+            "aliyun-mns",
+            endpoint=mns_server.endpoint,
+            access_key_id=mns_server.access_key_id,
+            access_key_secret=mns_server.access_key_secret,
+        )
+        yield harness
+        harness.close()
+
+
+class TestAliyunMnsConformanceThroughAsyncio(ConformanceSuite):
+    @pytest.fixture(scope="class")
+    @classmethod
+    def harness(cls, mns_server: Any) -> Iterator[AsyncUrlHarness]:
+        harness = AsyncUrlHarness(
             "aliyun-mns",
             endpoint=mns_server.endpoint,
             access_key_id=mns_server.access_key_id,
