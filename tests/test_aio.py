@@ -310,3 +310,38 @@ def test_the_keeper_never_runs_on_the_event_loop(tmp_path: Path) -> None:
             assert renewers and not renewers & loop_threads
 
     _run(main)
+
+
+def test_the_web_app_lifespan_pattern_of_the_docs(tmp_path: Path) -> None:
+    """docs/asyncio.md's FastAPI-style lifespan, without FastAPI: start, serve, stop cleanly."""
+    import contextlib
+
+    url = _url(tmp_path)
+    handled: list[bytes] = []
+
+    async def handle(message: leasekit.Message) -> None:
+        handled.append(message.body)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: object) -> Any:
+        queue = await leasekit.aio.open(url, create=True)
+        consumer = AsyncConsumer(queue, handle, concurrency=50, handle_signals=False)
+        worker = asyncio.create_task(consumer.run())
+        try:
+            yield queue
+        finally:
+            consumer.stop()
+            await worker
+            await queue.close()
+
+    async def main() -> None:
+        async with lifespan(object()) as queue:  # the app serves requests meanwhile
+            await queue.send_many([b"a", b"b", b"c"])
+            until = time.monotonic() + 5
+            while len(handled) < 3 and time.monotonic() < until:
+                await asyncio.sleep(0.01)
+        with leasekit.open(url) as sync_queue:
+            assert sync_queue.stats().total == 0
+
+    _run(main)
+    assert sorted(handled) == [b"a", b"b", b"c"]
