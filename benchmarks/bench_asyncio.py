@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_asyncio.py loop --backend sqlite --messages 3000 --turns 5
     .venv/bin/python benchmarks/bench_asyncio.py loop --backend mns --messages 2000 --turns 5
-    .venv/bin/python benchmarks/bench_asyncio.py consumers --messages 2000 --concurrency 200 --io 0.05
+    .venv/bin/python benchmarks/bench_asyncio.py consumers --concurrency 200 --io 0.05
     .venv/bin/python benchmarks/bench_asyncio.py blocked --backend sqlite
     .venv/bin/python benchmarks/bench_asyncio.py blocked --backend servicebus
 
