@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import logging
 import signal
@@ -241,7 +242,10 @@ class AsyncQueue:
         if self._closed:
             raise errors.LeaseStateError(f"queue {self.name!r} is closed; open it again")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, partial(fn, *args, **kwargs))
+        # In the caller's context (as asyncio.to_thread does): plugins see its contextvars,
+        # e.g. a tracing plugin makes a settle span the child of the handler's span.
+        call = partial(contextvars.copy_context().run, fn, *args, **kwargs)
+        return await loop.run_in_executor(self._executor, call)
 
     def _wrap(self, leases: Iterable[Lease]) -> list[AsyncLease]:
         return [AsyncLease(self, lease) for lease in leases]
@@ -296,7 +300,13 @@ class AsyncQueue:
         if self._closed:
             raise errors.LeaseStateError(f"queue {self.name!r} is closed; open it again")
         loop = asyncio.get_running_loop()
-        call = partial(self._queue.lease, max_messages, duration=duration, wait=wait)
+        call = partial(
+            contextvars.copy_context().run,
+            self._queue.lease,
+            max_messages,
+            duration=duration,
+            wait=wait,
+        )
         future = loop.run_in_executor(self._executor, call)
         try:
             leases = await asyncio.shield(future)
