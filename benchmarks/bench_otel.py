@@ -14,9 +14,13 @@ hits them alike):
 - ``hooks``: a plugin with empty ``leasekit_before_process``/``after_process``
   hooks and nothing else: what the Consumer's nested-hook mode (one message per
   worker at a time, for a per-thread context) costs by itself;
-- ``noop``: ``instrument()`` with the SDK's ``TracerProvider`` and a
-  ``BatchSpanProcessor`` over an exporter that drops everything, and an SDK
-  ``MeterProvider`` (metrics recorded, never exported during the turn);
+- ``metrics``: ``instrument(tracing=False)`` with an SDK ``MeterProvider``
+  (metrics recorded, never exported during the turn): no spans, no trace context;
+- ``sampled``: as ``noop`` below with the sampler ``ParentBased(TraceIdRatioBased(0.01))``
+  (1 % of sends start a recorded trace; the consumer follows the message's flag);
+- ``noop``: ``instrument()`` with the SDK's ``TracerProvider`` (every span
+  recorded) and a ``BatchSpanProcessor`` over an exporter that drops everything,
+  and the SDK ``MeterProvider``;
 - ``memory``: the same with the SDK's ``InMemorySpanExporter`` behind a
   ``SimpleSpanProcessor`` (what the tests use: spans kept, exported on end).
 
@@ -55,12 +59,13 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
 import leasekit
 from leasekit.plugins import otel
 from leasekit.registry import default_registry
 
-MODES = ("off", "hooks", "noop", "memory")
+MODES = ("off", "hooks", "metrics", "sampled", "noop", "memory")
 SEND_BATCH = 500
 #: CPU microseconds per message of each drain (process time, all threads).
 CPU: list[float] = []
@@ -101,15 +106,16 @@ def mode(name: str) -> Iterator[dict[str, Any]]:
         finally:
             registry.plugin_manager.unregister(name="bench-hooks")
         return
-    tracer = TracerProvider()
+    sampler = ParentBased(TraceIdRatioBased(0.01)) if name == "sampled" else None
+    tracer = TracerProvider(sampler=sampler)
     kept = InMemorySpanExporter()
-    if name == "noop":
-        tracer.add_span_processor(BatchSpanProcessor(DropExporter()))
-    else:
+    if name == "memory":
         tracer.add_span_processor(SimpleSpanProcessor(kept))
+    else:
+        tracer.add_span_processor(BatchSpanProcessor(DropExporter()))
     reader = InMemoryMetricReader()
     meter = MeterProvider(metric_readers=[reader])
-    otel.instrument(tracer_provider=tracer, meter_provider=meter)
+    otel.instrument(tracer_provider=tracer, meter_provider=meter, tracing=name != "metrics")
     try:
         yield {"spans": kept, "metrics": reader}
     finally:

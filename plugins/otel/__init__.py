@@ -65,6 +65,8 @@ def instrument(
     meter_provider: Any = None,
     *,
     registry: BackendRegistry | None = None,
+    tracing: bool = True,
+    metrics: bool = True,
     propagate: bool = True,
     parent_from_message: bool = True,
     renewal_spans: bool = True,
@@ -77,6 +79,8 @@ def instrument(
         meter_provider: where metrics go; the global provider if ``None``.
         registry: whose queues to instrument (default: the process-wide one that
             :func:`leasekit.open` uses); queues already open are covered too.
+        tracing: make spans (``False``: metrics only, and no trace context on messages).
+        metrics: record metrics (``False``: spans only).
         propagate: add the trace context (W3C ``traceparent``) to sent messages'
             properties, where the backend carries properties and it fits.
         parent_from_message: a process span continues the producer's trace
@@ -92,6 +96,8 @@ def instrument(
     plugin = OtelInstrumentation(
         tracer_provider,
         meter_provider,
+        tracing=tracing,
+        metrics_enabled=metrics,
         propagate=propagate,
         parent_from_message=parent_from_message,
         renewal_spans=renewal_spans,

@@ -189,7 +189,7 @@ class OtelInstrumentation:
         self._local = threading.local()
         #: Per lease taken by a worker: its process span, context token and start.
         self._processing: dict[int, tuple[Span | None, Any, float]] = {}
-        #: Creation contexts found by a receive, for the process span (no second parse).
+        #: Each live lease's creation context, parsed once (receive, process, renew links).
         self._created: weakref.WeakKeyDictionary[Lease, Context] = weakref.WeakKeyDictionary()
         self._textmap: object = None
         self._fields: frozenset[str] = frozenset()
@@ -215,13 +215,21 @@ class OtelInstrumentation:
         return stack
 
     def _begin(
-        self, op: str, queue: Queue, kind: SpanKind, attributes: dict[str, Any], span: bool = True
+        self,
+        op: str,
+        queue: Queue,
+        kind: SpanKind,
+        attributes: dict[str, Any],
+        span: bool = True,
+        links: list[Link] | None = None,
     ) -> Span | None:
         """Start (and make current) the client span of one call; remember when it began."""
         started = time.perf_counter()
         if span and self._tracing:
             names = self._names(queue)
-            current = self._tracer.start_span(names.names[op], kind=kind, attributes=attributes)
+            current = self._tracer.start_span(
+                names.names[op], kind=kind, attributes=attributes, links=links
+            )
             token = otel_context.attach(trace.set_span_in_context(current))
         else:
             current, token = None, None
@@ -262,6 +270,24 @@ class OtelInstrumentation:
         if not trace.get_current_span(extracted).get_span_context().is_valid:
             return None
         return extracted
+
+    def _created_context(self, lease: Lease) -> Context | None:
+        """The lease's creation context, parsed once per lease (kept while the lease lives)."""
+        created = self._created.get(lease)
+        if created is None:
+            created = self._creation_context(lease.message.properties)
+            if created is not None:
+                self._created[lease] = created
+        return created
+
+    def _links(self, leases: Sequence[Lease]) -> list[Link]:
+        """A link to each lease's creation context (for a batch settle or a renewal)."""
+        links = []
+        for lease in leases:
+            created = self._created_context(lease)
+            if created is not None:
+                links.append(Link(trace.get_current_span(created).get_span_context()))
+        return links
 
     def _record_failure(self, span: Span | None, error: BaseException | None, kind: str) -> None:
         if span is None or not span.is_recording():
@@ -402,9 +428,7 @@ class OtelInstrumentation:
         }
         if names.servicebus:
             attrs[c.SERVICEBUS_DELIVERY_COUNT] = message.delivery_count
-        created = self._created.pop(lease, None)
-        if created is None:
-            created = self._creation_context(message.properties)
+        created = self._created_context(lease)
         links = None
         parent = None
         if created is not None:
@@ -465,11 +489,12 @@ class OtelInstrumentation:
             self._begin(action, queue, SpanKind.CLIENT, {}, span=False)
             return
         attrs = self._names(queue).span[action]
-        if len(leases) == 1:
+        if len(leases) == 1:  # usually inside the message's process span already
             attrs = {**attrs, c.MESSAGE_ID: leases[0].message.id}
-        else:
-            attrs = {**attrs, c.BATCH_COUNT: len(leases)}
-        self._begin(action, queue, SpanKind.CLIENT, attrs)
+            self._begin(action, queue, SpanKind.CLIENT, attrs)
+            return
+        attrs = {**attrs, c.BATCH_COUNT: len(leases)}
+        self._begin(action, queue, SpanKind.CLIENT, attrs, links=self._links(leases))
 
     @hookimpl
     def leasekit_after_settle(
@@ -516,7 +541,8 @@ class OtelInstrumentation:
             attrs = {**attrs, c.MESSAGE_ID: leases[0].message.id}
         else:
             attrs = {**attrs, c.BATCH_COUNT: len(leases)}
-        self._begin("renew", queue, SpanKind.CLIENT, attrs)
+        # A keeper renews on its own threads: link the messages' traces.
+        self._begin("renew", queue, SpanKind.CLIENT, attrs, links=self._links(leases))
 
     @hookimpl
     def leasekit_after_renew(
