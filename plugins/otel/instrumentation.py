@@ -30,12 +30,13 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.context import Context
+from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 
 import leasekit
@@ -84,13 +85,14 @@ def global_providers_configured() -> tuple[bool, bool]:
 class _QueueNames:
     """Span names and attribute dicts of one queue, made once (hot paths only read them)."""
 
-    __slots__ = ("base", "metric", "names", "servicebus", "span")
+    __slots__ = ("base", "key", "metric", "names", "servicebus", "span")
 
     def __init__(self, queue: Queue) -> None:
         system = c.messaging_system(queue.driver.scheme)
         self.servicebus = system == "servicebus"
         base = {c.MESSAGING_SYSTEM: system, c.DESTINATION: queue.name}
         self.base: dict[str, Any] = base
+        self.key = (system, queue.name)
         self.names = {op: f"{op} {queue.name}" for op in _OPERATIONS}
         self.metric: dict[str, dict[str, Any]] = {}
         self.span: dict[str, dict[str, Any]] = {}
@@ -162,8 +164,16 @@ class OtelInstrumentation:
         self._consumed = meter.create_counter(
             c.CONSUMED_MESSAGES, unit="{message}", description="Messages received (leased)."
         )
-        self._held = meter.create_up_down_counter(
-            c.LEASES_HELD, unit="{lease}", description="Leases this process holds now."
+        # Held leases change on every receive and settle: counted here in plain ints
+        # and observed at collection (one SDK call per collection, not per change).
+        self._held_counts: dict[tuple[str, str], int] = {}
+        self._held_attrs: dict[tuple[str, str], dict[str, Any]] = {}
+        self._held_lock = threading.Lock()
+        meter.create_observable_up_down_counter(
+            c.LEASES_HELD,
+            callbacks=[self._observe_held],
+            unit="{lease}",
+            description="Leases this process holds now.",
         )
         self._renewals = meter.create_counter(
             c.RENEWALS, unit="{renewal}", description="Leases renewed."
@@ -289,6 +299,18 @@ class OtelInstrumentation:
                 links.append(Link(trace.get_current_span(created).get_span_context()))
         return links
 
+    def _count_held(self, names: _QueueNames, change: int) -> None:
+        key = names.key
+        with self._held_lock:
+            self._held_counts[key] = self._held_counts.get(key, 0) + change
+            self._held_attrs.setdefault(key, names.base)
+
+    def _observe_held(self, options: CallbackOptions) -> Iterable[Observation]:
+        """The ``leasekit.leases.held`` callback: each queue's count now."""
+        with self._held_lock:
+            counts = list(self._held_counts.items())
+        return [Observation(count, self._held_attrs[key]) for key, count in counts]
+
     def _record_failure(self, span: Span | None, error: BaseException | None, kind: str) -> None:
         if span is None or not span.is_recording():
             return
@@ -408,7 +430,7 @@ class OtelInstrumentation:
             self._duration("receive", names, seconds, failure)
         if leases and self._metrics:
             self._consumed.add(len(leases), names.metric["receive"])
-            self._held.add(len(leases), names.base)
+            self._count_held(names, len(leases))
 
     # ---------------------------------------------------------------- process
 
@@ -524,7 +546,7 @@ class OtelInstrumentation:
                 span.end()
             self._duration(action, names, seconds, failure)
         if settled and self._metrics:
-            self._held.add(-settled, names.base)
+            self._count_held(names, -settled)
             if action == "dead_letter":
                 self._dead_lettered.add(settled, names.base)
 
@@ -588,7 +610,7 @@ class OtelInstrumentation:
         if self._metrics:
             names = self._names(lease.queue)
             self._lost.add(1, names.base)
-            self._held.add(-1, names.base)
+            self._count_held(names, -1)
         entry = self._processing.get(id(lease))
         if entry is not None and entry[0] is not None and entry[0].is_recording():
             entry[0].add_event("leasekit.lease.lost", {"exception.message": str(error)})
