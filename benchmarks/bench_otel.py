@@ -1,8 +1,9 @@
 """What leasekit.plugins.otel costs: Consumer throughput with tracing and metrics on vs off.
 
-    .venv/bin/python benchmarks/bench_otel.py --messages 20000 --rounds 5
-    .venv/bin/python benchmarks/bench_otel.py --backend sqlite --messages 10000 --rounds 5
+    .venv/bin/python benchmarks/bench_otel.py --messages 10000 --rounds 5
+    .venv/bin/python benchmarks/bench_otel.py --backend sqlite --messages 5000 --rounds 5
     .venv/bin/python benchmarks/bench_otel.py --handler-ms 1 --messages 10000 --rounds 5
+    .venv/bin/python benchmarks/bench_otel.py --sdk-costs
 
 A ``Consumer`` (8 threads; a no-op handler, or one that waits ``--handler-ms``)
 drains a queue of ``--messages`` in each mode, in alternating turns in one
@@ -39,6 +40,7 @@ import sys
 import tempfile
 import threading
 import time
+import timeit
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -47,6 +49,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from opentelemetry import context, propagate, trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -222,16 +225,66 @@ def run(backend: str, messages: int, rounds: int, modes: Sequence[str], handler_
         print(line)
 
 
+def sdk_costs(repeat: int = 20000) -> None:
+    """What the SDK's calls cost one at a time, single-threaded (what a message pays)."""
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(BatchSpanProcessor(DropExporter()))
+    tracer = tracer_provider.get_tracer("bench")
+    meter = MeterProvider(metric_readers=[InMemoryMetricReader()]).get_meter("bench")
+    histogram = meter.create_histogram("h", unit="s")
+    counter = meter.create_counter("c")
+    process = {
+        "messaging.system": "memory",
+        "messaging.destination.name": "q",
+        "messaging.operation.name": "process",
+        "messaging.operation.type": "process",
+        "messaging.message.id": "0123456789abcdef01234567",
+        "leasekit.message.delivery_count": 1,
+    }
+    four = dict(list(process.items())[:4])
+    two = dict(list(process.items())[:2])
+    span = tracer.start_span("parent")
+    carrier: dict[str, str] = {}
+    current = trace.set_span_in_context(span)
+    propagate.inject(carrier, context=current)
+
+    def attach_detach() -> None:
+        context.detach(context.attach(trace.set_span_in_context(span)))
+
+    calls = [
+        (
+            "start_span + end, 6 attributes",
+            lambda: tracer.start_span("p", attributes=process).end(),
+        ),
+        ("histogram.record, 4 attributes", lambda: histogram.record(0.001, four)),
+        ("counter.add, 2 attributes", lambda: counter.add(1, two)),
+        ("propagate.extract (traceparent)", lambda: propagate.extract(carrier)),
+        ("propagate.inject", lambda: propagate.inject({}, context=current)),
+        ("context attach + detach", attach_detach),
+    ]
+    print(f"OpenTelemetry SDK calls, single-threaded, {repeat:,} each:")
+    for label, call in calls:
+        seconds = timeit.timeit(call, number=repeat)
+        print(f"  {label:34s} {seconds / repeat * 1e6:6.2f} us")
+    tracer_provider.shutdown()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--backend", choices=("memory", "sqlite"), default="memory")
-    parser.add_argument("--messages", type=int, default=20000)
+    parser.add_argument("--messages", type=int, default=10000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument(
         "--handler-ms", type=float, default=0, help="each message's handler waits this long"
     )
+    parser.add_argument(
+        "--sdk-costs", action="store_true", help="only time single SDK calls, then stop"
+    )
     args = parser.parse_args()
+    if args.sdk_costs:
+        sdk_costs()
+        return
     started = time.perf_counter()
     run(args.backend, args.messages, args.rounds, args.modes, args.handler_ms)
     print(f"  ({time.perf_counter() - started:.0f} s)")
