@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import logging
 import signal
@@ -122,6 +123,9 @@ class _Workers:
         """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
+        # In the caller's context (as asyncio.to_thread does): plugins see its contextvars,
+        # e.g. a tracing plugin makes a settle span the child of the handler's span.
+        call = partial(contextvars.copy_context().run, call)
         with self._lock:
             if self._idle > 0:
                 self._idle -= 1  # an idle worker takes it

@@ -14,9 +14,13 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from .errors import LeaseLost
     from .lease import Lease
+    from .queue import Queue
     from .registry import BackendSpec
+    from .spi import OutgoingMessage
 
 __all__ = ["hookimpl", "hookspec"]
 
@@ -49,8 +53,13 @@ def leasekit_lease_acquired(lease: Lease) -> None:
 
 
 @hookspec
-def leasekit_lease_renewed(lease: Lease) -> None:
-    """Called after a lease was renewed (``lease.expires_at`` is the new expiry)."""
+def leasekit_lease_renewed(lease: Lease, lateness: float | None) -> None:
+    """Called after a lease was renewed (``lease.expires_at`` is the new expiry).
+
+    ``lateness``: for a renewal made by a :class:`~leasekit.LeaseKeeper`, how many
+    seconds after its planned point the renewal call started (queueing
+    included); ``None`` for other renewals.
+    """
 
 
 @hookspec
@@ -71,6 +80,94 @@ def leasekit_lease_abandoned(lease: Lease, delay: float) -> None:
 @hookspec
 def leasekit_lease_dead_lettered(lease: Lease, reason: str) -> None:
     """Called after a lease was dead-lettered with ``reason``."""
+
+
+# -------------------------------------------------------------------------
+# Queue calls: before_/after_ pairs around one backend operation, emitted on the
+# calling thread (observers; an exception here is logged, never raised). Core
+# builds them only when some plugin implements one of the pair, and every
+# before_ is followed by its after_, also when the call raises.
+# -------------------------------------------------------------------------
+
+
+@hookspec
+def leasekit_before_send(
+    queue: Queue, messages: Sequence[OutgoingMessage], properties: dict[str, str]
+) -> None:
+    """Called before ``Queue.send`` / ``send_many`` sends ``messages`` (already validated).
+
+    ``properties`` is a fresh, empty dict that implementations may fill with
+    string properties to add to every message of this call (trace context, e.g.
+    W3C ``traceparent``). Core adds them only where the backend carries
+    properties, never over a property the caller set, and only to a message
+    that still passes the backend's limits with them: a message they would push
+    over a size or count limit is sent without them. The caller's own mapping
+    is never changed.
+    """
+
+
+@hookspec
+def leasekit_after_send(
+    queue: Queue,
+    messages: Sequence[OutgoingMessage],
+    results: Sequence[str | BaseException],
+    error: BaseException | None,
+) -> None:
+    """Called after a send: per message (as sent) its id or its error; ``error`` if it raised."""
+
+
+@hookspec
+def leasekit_before_receive(queue: Queue, max_messages: int) -> None:
+    """Called when ``Queue.lease`` starts (once per call, however many receives it makes)."""
+
+
+@hookspec
+def leasekit_after_receive(
+    queue: Queue, leases: Sequence[Lease], error: BaseException | None
+) -> None:
+    """Called when ``Queue.lease`` returns ``leases`` (possibly none) or raises ``error``.
+
+    Called after each lease's ``leasekit_lease_acquired``.
+    """
+
+
+@hookspec
+def leasekit_before_settle(queue: Queue, leases: Sequence[Lease], action: str) -> None:
+    """Called before ``leases`` are settled by ``action`` (complete, abandon, dead_letter)."""
+
+
+@hookspec
+def leasekit_after_settle(
+    queue: Queue,
+    leases: Sequence[Lease],
+    action: str,
+    results: Sequence[BaseException | None],
+    error: BaseException | None,
+) -> None:
+    """Called after a settle: per lease ``None`` (settled) or its error; ``error`` if it raised.
+
+    When the call raised, ``error`` is its exception and every lease it did not
+    settle has ``error`` as its result.
+    """
+
+
+@hookspec
+def leasekit_before_renew(queue: Queue, leases: Sequence[Lease]) -> None:
+    """Called before ``leases`` are renewed (``Lease.renew``, ``renew_many``, a keeper)."""
+
+
+@hookspec
+def leasekit_after_renew(
+    queue: Queue,
+    leases: Sequence[Lease],
+    results: Sequence[BaseException | None],
+    error: BaseException | None,
+) -> None:
+    """Called after a renewal: per lease ``None`` (renewed, see ``lease.expires_at``) or its error.
+
+    When the call raised, ``error`` is its exception and every lease it did not
+    renew has ``error`` as its result.
+    """
 
 
 # -------------------------------------------------------------------------

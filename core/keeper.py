@@ -565,12 +565,13 @@ class LeaseKeeper:
         group = flight.helds
         started = time.monotonic()
         # Lateness is measured when the renewal call starts, queueing included.
-        self.stats.lateness.extend([max(0.0, started - held.planned) for held in group])
+        lateness = [max(0.0, started - held.planned) for held in group]
+        self.stats.lateness.extend(lateness)
         leases = [held.lease for held in group]
         queue: Queue = leases[0].queue
         results: list[errors.LeaseError | errors.LeaseStateError | None]
         try:
-            results = queue.renew_many(leases, seconds)
+            results = queue.renew_many(leases, seconds, lateness=lateness)
         except Exception as exc:  # e.g. the queue was closed under us
             error = exc if isinstance(exc, errors.LeaseError) else errors.BackendError(str(exc))
             results = [error] * len(leases)

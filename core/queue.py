@@ -60,6 +60,12 @@ MAX_PEEK = 2**31 - 1
 
 _log = logging.getLogger("leasekit")
 
+#: The queue-call event pairs (``core/hookspecs.py``); built only when observed.
+_BEFORE_SEND, _AFTER_SEND = "leasekit_before_send", "leasekit_after_send"
+_BEFORE_RECEIVE, _AFTER_RECEIVE = "leasekit_before_receive", "leasekit_after_receive"
+_BEFORE_SETTLE, _AFTER_SETTLE = "leasekit_before_settle", "leasekit_after_settle"
+_BEFORE_RENEW, _AFTER_RENEW = "leasekit_before_renew", "leasekit_after_renew"
+
 
 def _copy_repeats(results: list[Any], repeats: list[tuple[int, int]]) -> None:
     """Give each repeated lease's later position the result of its first one."""
@@ -195,6 +201,22 @@ class Queue:
         """
         outgoing = self._outgoing(body, delay, ttl, properties)
         self._require_open()
+        if not self._observes(_BEFORE_SEND, _AFTER_SEND):
+            return self._send_outgoing(outgoing)
+        [outgoing] = self._before_send([outgoing])
+        try:
+            result = self._send_outgoing(outgoing)
+        except BaseException as exc:
+            self._events.emit(
+                _AFTER_SEND, queue=self, messages=[outgoing], results=[exc], error=exc
+            )
+            raise
+        self._events.emit(
+            _AFTER_SEND, queue=self, messages=[outgoing], results=[result], error=None
+        )
+        return result
+
+    def _send_outgoing(self, outgoing: OutgoingMessage) -> str:
         with deadline(self._call_timeout):
             [result] = self._call("send", partial(self._driver.send, [outgoing]))
         if isinstance(result, BaseException):
@@ -226,6 +248,25 @@ class Queue:
         ]
         self._require_open()
         results: list[str | errors.LeaseError] = []
+        if not self._observes(_BEFORE_SEND, _AFTER_SEND):
+            return self._send_all(outgoing, results)
+        outgoing = self._before_send(outgoing)
+        try:
+            ids = self._send_all(outgoing, results)
+        except BaseException as exc:
+            reported: list[str | BaseException] = [*results]
+            reported += [exc] * (len(outgoing) - len(results))
+            self._events.emit(
+                _AFTER_SEND, queue=self, messages=outgoing, results=reported, error=exc
+            )
+            raise
+        self._events.emit(_AFTER_SEND, queue=self, messages=outgoing, results=results, error=None)
+        return ids
+
+    def _send_all(
+        self, outgoing: list[OutgoingMessage], results: list[str | errors.LeaseError]
+    ) -> list[str]:
+        """Send ``outgoing`` in batches; each message's id or error goes to ``results``."""
         failure: errors.LeaseError | None = None
         for chunk in self._send_batches(outgoing):
             if failure is not None:
@@ -250,6 +291,49 @@ class Queue:
             )
             raise error from failed[0]
         return [r for r in results if isinstance(r, str)]
+
+    def _before_send(self, messages: list[OutgoingMessage]) -> list[OutgoingMessage]:
+        """Tell ``leasekit_before_send``; add the properties its observers gave where they fit."""
+        extra: dict[str, str] = {}
+        self._events.emit(_BEFORE_SEND, queue=self, messages=messages, properties=extra)
+        if not extra or not self.capabilities.supports_properties:
+            return messages
+        added = {}
+        for key, value in extra.items():
+            try:
+                if isinstance(key, str) and key and isinstance(value, str):
+                    added[check_text(key, "a property name")] = check_text(
+                        value, "a property value"
+                    )
+                    continue
+            except errors.InvalidArgument:
+                pass
+            self._log.warning("a plugin's property %r: %r is not sendable; left out", key, value)
+        return [self._with_properties(message, added) for message in messages]
+
+    def _with_properties(self, message: OutgoingMessage, extra: dict[str, str]) -> OutgoingMessage:
+        """``message`` with ``extra`` added (the caller's own win), or as it is if they do not fit.
+
+        A message the caller made to the backend's limits (size, property count)
+        must still be sendable, so the driver judges the message with them.
+        """
+        own = message.properties
+        added = {key: value for key, value in extra.items() if key not in own}
+        if not added:
+            return message
+        candidate = OutgoingMessage(
+            body=message.body, delay=message.delay, ttl=message.ttl, properties={**own, **added}
+        )
+        try:
+            self._driver.validate(candidate)
+        except Exception:
+            return message  # over a limit with them: sent without
+        return candidate
+
+    def _observes(self, before: str, after: str) -> bool:
+        """Whether a plugin implements either hook of a before_/after_ pair."""
+        events = self._events
+        return events.observed(before) or events.observed(after)
 
     def _send_batches(self, outgoing: list[OutgoingMessage]) -> Iterator[list[OutgoingMessage]]:
         """``outgoing`` in batches within ``max_send_batch`` and ``max_send_batch_bytes``."""
@@ -299,6 +383,25 @@ class Queue:
         seconds = self._default_duration if duration is None else self._check_duration(duration)
         wait = self._check_wait(wait)
         self._require_open()
+        observed = self._observes(_BEFORE_RECEIVE, _AFTER_RECEIVE)
+        if not observed:
+            leases = self._receive(max_messages, seconds, wait)
+            for lease in leases:
+                self.events.emit("leasekit_lease_acquired", lease=lease)
+            return leases
+        self._events.emit(_BEFORE_RECEIVE, queue=self, max_messages=max_messages)
+        try:
+            leases = self._receive(max_messages, seconds, wait)
+            for lease in leases:
+                self.events.emit("leasekit_lease_acquired", lease=lease)
+        except BaseException as exc:
+            self._events.emit(_AFTER_RECEIVE, queue=self, leases=[], error=exc)
+            raise
+        self._events.emit(_AFTER_RECEIVE, queue=self, leases=leases, error=None)
+        return leases
+
+    def _receive(self, max_messages: int, seconds: float, wait: float) -> list[Lease]:
+        """The long-poll loop of :meth:`lease` (arguments validated)."""
         caps = self.capabilities
         until = time.monotonic() + wait
         leases: list[Lease] = []
@@ -327,8 +430,6 @@ class Queue:
             elif caps.max_wait <= 0 or call_wait <= 0:
                 time.sleep(min(poll, rest))
                 poll = min(poll * 2, POLL_MAX)
-        for lease in leases:
-            self.events.emit("leasekit_lease_acquired", lease=lease)
         return leases
 
     @contextmanager
@@ -497,6 +598,7 @@ class Queue:
         duration: float | None = None,
         *,
         timeout: float | None = None,
+        lateness: Sequence[float] | None = None,
     ) -> list[errors.LeaseError | errors.LeaseStateError | None]:
         """Renew several held leases, in as few backend calls as the backend allows.
 
@@ -506,6 +608,8 @@ class Queue:
             timeout: the longest the whole call may take (default: the least time
                 left on the leases, at most the queue's ``call_timeout``); a renewal
                 never outlives the lease it renews.
+            lateness: for a keeper, per lease, how many seconds after its planned
+                point this renewal started; passed on to ``leasekit_lease_renewed``.
 
         Returns:
             One result per lease, in order: ``None`` when renewed; a
@@ -521,9 +625,14 @@ class Queue:
         leases = self._check_own(leases)
         checked = None if duration is None else self._check_duration(duration)
         limit = self._check_timeout(timeout)
+        if lateness is not None and len(lateness) != len(leases):
+            raise errors.InvalidArgument(
+                f"lateness needs one value per lease ({len(leases)}), got {len(lateness)}"
+            )
         self._require_open()
         if checked is not None and self.capabilities.max_total_lease is None:
-            return self._renew(leases, [checked] * len(leases), limit)  # the keeper's way
+            # the keeper's way
+            return self._renew(leases, [checked] * len(leases), limit, lateness=lateness)
         results: list[errors.LeaseError | errors.LeaseStateError | None] = [None] * len(leases)
         seconds: list[float] = []
         for i, lease in enumerate(leases):
@@ -532,7 +641,12 @@ class Queue:
             results[i] = refused
             seconds.append(-1.0 if refused else physical)
         wanted = [i for i, s in enumerate(seconds) if s >= 0]
-        renewed = self._renew([leases[i] for i in wanted], [seconds[i] for i in wanted], limit)
+        renewed = self._renew(
+            [leases[i] for i in wanted],
+            [seconds[i] for i in wanted],
+            limit,
+            lateness=None if lateness is None else [lateness[i] for i in wanted],
+        )
         for i, result in zip(wanted, renewed, strict=True):
             results[i] = result
         return results
@@ -621,6 +735,27 @@ class Queue:
         reason = self._check_reason(reason)
         limit = self._check_timeout(timeout)
         self._require_open()
+        if not self._observes(_BEFORE_SETTLE, _AFTER_SETTLE):
+            self._dead_letter(lease, reason, limit)
+            return
+        self._events.emit(_BEFORE_SETTLE, queue=self, leases=[lease], action="dead_letter")
+        error: BaseException | None = None
+        try:
+            self._dead_letter(lease, reason, limit)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            self._events.emit(
+                _AFTER_SETTLE,
+                queue=self,
+                leases=[lease],
+                action="dead_letter",
+                results=[error],
+                error=error,
+            )
+
+    def _dead_letter(self, lease: Lease, reason: str, limit: float | None) -> None:
         record = lease._record
         taken = record.take(SETTLE, "dead_letter", lease.message.id)
         if isinstance(taken, BaseException):
@@ -724,10 +859,14 @@ class Queue:
     ) -> list[errors.LeaseError | errors.LeaseStateError | None]:
         """Settle held leases in backend-sized batches; one result each (see complete_many)."""
         results: list[Any] = [None] * len(leases)
-        taken, repeats = self._take(leases, SETTLE, action, results)
-        chunks = [taken[start : start + size] for start in range(0, len(taken), size)]
+        observed = self._observes(_BEFORE_SETTLE, _AFTER_SETTLE)
+        if observed:
+            self._events.emit(_BEFORE_SETTLE, queue=self, leases=leases, action=action)
         done: list[Lease] = []
+        error: BaseException | None = None
         try:
+            taken, repeats = self._take(leases, SETTLE, action, results)
+            chunks = [taken[start : start + size] for start in range(0, len(taken), size)]
             for position, chunk in enumerate(chunks):
                 receipts = [receipt for _, _, receipt in chunk]
                 timeout = self._lease_timeout([lz for _, lz, _ in chunk], limit, settle=True)
@@ -739,14 +878,26 @@ class Queue:
                         lease._record.settled(state)
                         done.append(lease)
                         continue
-                    error = self._entry_error(result, action)
-                    lease._record.failed(error)
-                    results[i] = error
+                    failure = self._entry_error(result, action)
+                    lease._record.failed(failure)
+                    results[i] = failure
+            _copy_repeats(results, repeats)
+        except BaseException as exc:
+            error = exc
+            raise
         finally:
             if done and self.events.observed(hook):
                 for lease in done:
                     self.events.emit(hook, lease=lease, **hook_kwargs)
-        _copy_repeats(results, repeats)
+            if observed:
+                self._events.emit(
+                    _AFTER_SETTLE,
+                    queue=self,
+                    leases=leases,
+                    action=action,
+                    results=_reported(leases, results, {id(lease) for lease in done}, error),
+                    error=error,
+                )
         return results
 
     def _batch_call(
@@ -796,6 +947,7 @@ class Queue:
         *,
         event: bool = True,
         raise_whole: bool = True,
+        lateness: Sequence[float] | None = None,
     ) -> list[errors.LeaseError | errors.LeaseStateError | None]:
         """Renew leases for their ``seconds``, batched where the backend can; one result each.
 
@@ -808,9 +960,49 @@ class Queue:
         not renewed (where the backend detects stale receipts it is asked anyway,
         for a receipt it may still honour). On a backend that cannot detect stale
         receipts, a renewal that returns after the lease ended counts as lost.
-        ``seconds`` must already be validated.
+        ``seconds`` must already be validated. With ``event`` the ``before_``/``after_renew``
+        pair and each ``leasekit_lease_renewed`` are emitted (the latter with the
+        lease's ``lateness``, when given, by position).
         """
         results: list[Any] = [None] * len(leases)
+        observed = event and self._observes(_BEFORE_RENEW, _AFTER_RENEW)
+        if observed:
+            self._events.emit(_BEFORE_RENEW, queue=self, leases=leases)
+        renewed: list[int] = []  # positions
+        error: BaseException | None = None
+        try:
+            self._renew_batches(leases, seconds, timeout, raise_whole, results, renewed)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            if event and renewed and self.events.observed("leasekit_lease_renewed"):
+                for i in renewed:
+                    self.events.emit(
+                        "leasekit_lease_renewed",
+                        lease=leases[i],
+                        lateness=None if lateness is None else lateness[i],
+                    )
+            if observed:
+                self._events.emit(
+                    _AFTER_RENEW,
+                    queue=self,
+                    leases=leases,
+                    results=_reported(leases, results, {id(leases[i]) for i in renewed}, error),
+                    error=error,
+                )
+        return results
+
+    def _renew_batches(
+        self,
+        leases: Sequence[Lease],
+        seconds: Sequence[float],
+        timeout: float | None,
+        raise_whole: bool,
+        results: list[Any],
+        renewed: list[int],
+    ) -> None:
+        """The work of :meth:`_renew`: results to ``results``, renewed positions to ``renewed``."""
         taken, repeats = self._take(leases, RENEW, "renew", results)
         caps = self.capabilities
         late_is_lost = not caps.detects_stale_receipts
@@ -826,38 +1018,29 @@ class Queue:
             for start in range(0, len(group), size)
         ]
         chunks = [chunk for _, chunk in plan]
-        renewed: list[Lease] = []
-        try:
-            for position, (physical, chunk) in enumerate(plan):
-                receipts = [receipt for _, _, receipt in chunk]
-                fn = partial(self._driver.change_visibility, receipts, physical)
-                left = self._lease_timeout([lz for _, lz, _ in chunk], timeout, settle=False)
-                started = time.monotonic()
-                outcome = self._batch_call(
-                    "renew", fn, left, chunks, position, raise_whole=raise_whole
-                )
-                for (i, lease, _), result in zip(chunk, outcome, strict=True):
-                    if isinstance(result, Visibility):
-                        lost = lease._record.renewed(
-                            result.receipt,
-                            result.visible_until,
-                            physical,
-                            started,
-                            late_is_lost=late_is_lost,
-                        )
-                        if lost is None:
-                            renewed.append(lease)
-                        results[i] = lost
-                        continue
-                    error = self._entry_error(result, "renew")
-                    lease._record.failed(error)
-                    results[i] = error
-        finally:
-            if event and renewed and self.events.observed("leasekit_lease_renewed"):
-                for lease in renewed:
-                    self.events.emit("leasekit_lease_renewed", lease=lease)
+        for position, (physical, chunk) in enumerate(plan):
+            receipts = [receipt for _, _, receipt in chunk]
+            fn = partial(self._driver.change_visibility, receipts, physical)
+            left = self._lease_timeout([lz for _, lz, _ in chunk], timeout, settle=False)
+            started = time.monotonic()
+            outcome = self._batch_call("renew", fn, left, chunks, position, raise_whole=raise_whole)
+            for (i, lease, _), result in zip(chunk, outcome, strict=True):
+                if isinstance(result, Visibility):
+                    lost = lease._record.renewed(
+                        result.receipt,
+                        result.visible_until,
+                        physical,
+                        started,
+                        late_is_lost=late_is_lost,
+                    )
+                    if lost is None:
+                        renewed.append(i)
+                    results[i] = lost
+                    continue
+                failure = self._entry_error(result, "renew")
+                lease._record.failed(failure)
+                results[i] = failure
         _copy_repeats(results, repeats)
-        return results
 
     def _drop_expired(
         self, taken: list[tuple[int, Lease, str]], results: list[Any]
@@ -1183,6 +1366,18 @@ class Queue:
                     raise
             self._poison = target
             return target
+
+
+def _reported(
+    leases: Sequence[Lease], results: list[Any], succeeded: set[int], error: BaseException | None
+) -> list[Any]:
+    """``results`` for an ``after_`` event: after a raise, ``error`` for what was not reached."""
+    if error is None:
+        return results
+    return [
+        error if result is None and id(lease) not in succeeded else result
+        for lease, result in zip(leases, results, strict=True)
+    ]
 
 
 def _with_total(counts: QueueStats) -> QueueStats:
