@@ -1038,10 +1038,13 @@ class AsyncConsumer:
                 self._stats.lost += 1
                 return "lost", None
             alease = AsyncLease(self.queue, lease)
+            events = self.queue.events
             start = time.monotonic()
+            events.emit("leasekit_before_handle", lease=lease)
             try:
                 await self.handler(alease if settings.pass_lease else message)
             except Exception as exc:
+                events.emit("leasekit_after_handle", lease=lease, error=exc)
                 self._stats.failed += 1
                 _log.warning("handler failed on message %r: %r", message.id, exc)
                 delay = abandon_delay(message.delivery_count, settings, self.queue.capabilities)
@@ -1049,6 +1052,7 @@ class AsyncConsumer:
                 self._stats.abandoned += 1
                 return "abandoned", exc
             elapsed = time.monotonic() - start
+            events.emit("leasekit_after_handle", lease=lease, error=None)
             if settings.pass_lease and lease.state is not LeaseState.HELD:
                 return self._settled_by_handler(lease)
             settings.duration_policy.observe(elapsed)

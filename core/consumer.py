@@ -305,6 +305,7 @@ class Consumer:
         # Plugins with per-message worker hooks see them nested on the worker thread
         # (before a, after a, before b, ...): then a worker takes one message at a time.
         self._nested_hooks = False
+        self._handle_hooks = False  # a plugin brackets each handler call
         self._keeper = keeper
         self._own_keeper = keeper is None
         self._stats = ConsumerStats()
@@ -358,9 +359,12 @@ class Consumer:
             self._running = True
             self._closing = False
         self._stop.clear()
-        self._nested_hooks = self.queue.events.observed(
-            "leasekit_before_process"
-        ) or self.queue.events.observed("leasekit_after_process")
+        self._handle_hooks = self.queue.events.observed(
+            "leasekit_before_handle"
+        ) or self.queue.events.observed("leasekit_after_handle")
+        # Nesting needs one message at a time only when a plugin opens something per
+        # message before it (an after hook alone sees the messages in order anyway).
+        self._nested_hooks = self.queue.events.observed("leasekit_before_process")
         keeper = self._keeper or LeaseKeeper()
         self._keeper = keeper
         workers = _start_threads(
@@ -654,9 +658,14 @@ class Consumer:
                 self._count("lost")
                 return "lost", None
             start = time.monotonic()
+            bracket = self._handle_hooks
+            if bracket:
+                self.queue.events.emit("leasekit_before_handle", lease=lease)
             try:
                 self.handler(lease if self.pass_lease else message)
             except Exception as exc:
+                if bracket:
+                    self.queue.events.emit("leasekit_after_handle", lease=lease, error=exc)
                 self._count("failed")
                 _log.warning("handler failed on message %r: %r", message.id, exc)
                 lease.abandon(
@@ -667,6 +676,8 @@ class Consumer:
                 self._count("abandoned")
                 return "abandoned", exc
             elapsed = time.monotonic() - start
+            if bracket:
+                self.queue.events.emit("leasekit_after_handle", lease=lease, error=None)
             if self.pass_lease and lease.state in _SELF_SETTLED:
                 return self._settled_by_handler(lease)
             mean = self._handler_mean

@@ -176,6 +176,25 @@ def leasekit_after_renew(
 
 
 @hookspec
+def leasekit_before_handle(lease: Lease) -> None:
+    """Called in the worker right before the handler is called on a message.
+
+    With :func:`leasekit_after_handle` it brackets exactly the handler call, on
+    the worker's thread (or task), and the pair always nests — the place for
+    what must be current while the handler runs (a tracing span). Unlike the
+    ``process`` pair, a plugin of this pair leaves the worker's batching alone.
+    """
+
+
+@hookspec
+def leasekit_after_handle(lease: Lease, error: BaseException | None) -> None:
+    """Called right after the handler returned (``error`` is ``None``) or raised (its exception).
+
+    The message is not settled yet: settling follows, reported by the settle events.
+    """
+
+
+@hookspec
 def leasekit_before_process(lease: Lease) -> None:
     """Called in the worker before the handler runs on a message."""
 

@@ -473,6 +473,56 @@ def test_worker_hooks_nest_per_message_on_each_worker_thread() -> None:
     assert total == 200
 
 
+class _HandleRecorder:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str, object]] = []
+        self.lock = threading.Lock()
+
+    @leasekit.hookimpl
+    def leasekit_before_handle(self, lease: leasekit.Lease) -> None:
+        with self.lock:
+            self.events.append(
+                ("before", threading.current_thread().name, lease.message.id, lease.state)
+            )
+
+    @leasekit.hookimpl
+    def leasekit_after_handle(self, lease: leasekit.Lease, error: BaseException | None) -> None:
+        with self.lock:
+            self.events.append(("after", threading.current_thread().name, lease.message.id, error))
+
+
+def test_handle_hooks_bracket_each_handler_call_on_its_worker_and_carry_its_error() -> None:
+    registry = leasekit.BackendRegistry()
+    recorder = _HandleRecorder()
+    registry.register_plugin(recorder)
+    queue = registry.open("memory", queue=f"handle-{time.monotonic_ns()}", create=True)
+    queue.send_many([b"%d" % i for i in range(60)])
+    calls: list[tuple[str, str]] = []
+
+    def handler(message: leasekit.Message) -> None:
+        calls.append((threading.current_thread().name, message.id))
+        if message.body == b"7":
+            raise ValueError("seven")
+
+    consumer = leasekit.Consumer(
+        queue, handler, concurrency=3, backoff_base=60, handle_signals=False
+    )
+    stats = consumer.run(until_idle=True)
+    assert stats.completed == 59 and stats.abandoned == 1
+    per_thread: dict[str, list[tuple[str, str, object]]] = {}
+    for kind, thread, message_id, extra in recorder.events:
+        per_thread.setdefault(thread, []).append((kind, message_id, extra))
+    bracketed = []
+    for events in per_thread.values():
+        for before, after in zip(events[::2], events[1::2], strict=True):
+            assert before[0] == "before" and after[0] == "after" and before[1] == after[1]
+            assert before[2] is leasekit.LeaseState.HELD  # not settled before the handler ran
+            bracketed.append((before[1], after[2]))
+    assert sorted(m for m, _ in bracketed) == sorted(m for _, m in calls)
+    [failed] = [error for _, error in bracketed if error is not None]
+    assert isinstance(failed, ValueError) and str(failed) == "seven"
+
+
 def test_stop_from_a_signal_handler_while_the_loop_holds_the_lock_does_not_deadlock(
     queue: Queue,
 ) -> None:

@@ -60,9 +60,6 @@ _OPERATIONS: dict[str, str | None] = {
     "dead_letter": "settle",
     "renew": None,
 }
-#: Outcomes of ``leasekit_after_process`` that mean the message was not handled
-#: as it should be (without an exception to name, the outcome is the error type).
-_FAILED_OUTCOMES = frozenset({"abandoned", "lost", "error", "stale"})
 _SCOPE = "leasekit"
 
 
@@ -435,8 +432,8 @@ class OtelInstrumentation:
     # ---------------------------------------------------------------- process
 
     @hookimpl
-    def leasekit_before_process(self, lease: Lease) -> None:
-        """Start the process span (current while the handler runs)."""
+    def leasekit_before_handle(self, lease: Lease) -> None:
+        """Start the process span, current while the handler runs (the worker took the message)."""
         started = time.perf_counter()
         if not self._tracing:
             self._processing[id(lease)] = (None, None, started)
@@ -471,36 +468,34 @@ class OtelInstrumentation:
         self._processing[id(lease)] = (span, token, started)
 
     @hookimpl
-    def leasekit_after_process(
-        self, lease: Lease, error: BaseException | None, outcome: str
-    ) -> None:
-        """End the process span with its outcome; count a duplicate."""
+    def leasekit_after_handle(self, lease: Lease, error: BaseException | None) -> None:
+        """End the process span (the handler returned or raised); its duration is a metric."""
         entry = self._processing.pop(id(lease), None)
-        names = self._names(lease.queue)
-        if outcome == "duplicate" and self._metrics:
-            self._duplicates.add(1, names.base)
         if entry is None:
             return
         span, token, started = entry
         seconds = time.perf_counter() - started
         if token is not None:
             otel_context.detach(token)
-        failure = None
-        if error is not None:
-            failure = c.error_type(error)
-        elif outcome in _FAILED_OUTCOMES:
-            failure = outcome
+        failure = c.error_type(error) if error is not None else None
         if span is not None:
-            if span.is_recording():
-                span.set_attribute(c.OUTCOME, outcome)
-                if failure is not None:
-                    self._record_failure(span, error, failure)
+            if failure is not None and span.is_recording():
+                self._record_failure(span, error, failure)
             span.end()
         if self._metrics:
+            names = self._names(lease.queue)
             attrs = names.metric["process"]
             if failure is not None:
                 attrs = {**attrs, c.ERROR_TYPE: failure}
             self._process_duration.record(seconds, attrs)
+
+    @hookimpl
+    def leasekit_after_process(
+        self, lease: Lease, error: BaseException | None, outcome: str
+    ) -> None:
+        """Count a message the idempotency store suppressed (its handler never ran)."""
+        if outcome == "duplicate" and self._metrics:
+            self._duplicates.add(1, self._names(lease.queue).base)
 
     # ----------------------------------------------------------------- settle
 
@@ -511,11 +506,12 @@ class OtelInstrumentation:
             self._begin(action, queue, SpanKind.CLIENT, {}, span=False)
             return
         attrs = self._names(queue).span[action]
-        if len(leases) == 1:  # usually inside the message's process span already
+        if len(leases) == 1:
             attrs = {**attrs, c.MESSAGE_ID: leases[0].message.id}
-            self._begin(action, queue, SpanKind.CLIENT, attrs)
-            return
-        attrs = {**attrs, c.BATCH_COUNT: len(leases)}
+        else:
+            attrs = {**attrs, c.BATCH_COUNT: len(leases)}
+        # Linked to each message's trace: a worker settles handled messages in batches,
+        # after their process spans ended, so a settle span has no single parent.
         self._begin(action, queue, SpanKind.CLIENT, attrs, links=self._links(leases))
 
     @hookimpl
