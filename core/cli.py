@@ -8,7 +8,9 @@ and exits with status 2 (bad input) or 1 (anything else).
 from __future__ import annotations
 
 import base64
+import importlib.metadata
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -20,9 +22,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from . import errors
-from .capabilities import COUNT_FIELDS
+from .capabilities import COUNT_FIELDS, Capabilities
 from .redaction import redact
 from .registry import default_registry
 from .registry import open as open_queue
@@ -43,7 +46,7 @@ err_console = Console(stderr=True)
 
 OptionList = Annotated[
     list[str] | None,
-    typer.Option("--option", "-o", help="Backend option KEY=VALUE (repeatable)."),
+    typer.Option("--option", "-o", metavar="KEY=VALUE", help="Backend option (repeatable)."),
 ]
 
 
@@ -85,9 +88,21 @@ def _show_body(body: bytes, limit: int = 200) -> str:
 
 @app.command()
 def backends(
+    url: Annotated[
+        str | None,
+        typer.Option(
+            "--url",
+            metavar="URL",
+            help="Open this queue (no call is made) and show its own capabilities.",
+        ),
+    ] = None,
+    option: OptionList = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """List installed backends and their capabilities."""
+    """List the backends and what each guarantees (documented limits; --url: one queue's own)."""
+    if url is not None:
+        _run(lambda: _queue_capabilities(url, _parse_options(option), as_json))
+        return
     registry = default_registry()
     rows: list[dict[str, Any]] = []
     for name, spec in registry.specs().items():
@@ -98,58 +113,146 @@ def backends(
             row["installed"] = False
             row["hint"] = str(exc)
         else:
-            row["installed"] = True
+            missing = _missing_packages(spec.extra)
+            row["installed"] = not missing
+            if missing:
+                row["hint"] = f"needs {', '.join(missing)}: {spec.install_hint}"
             caps = getattr(cls, "capabilities", None)
-            row["capabilities"] = caps.as_dict() if caps is not None else None
+            row["capabilities"] = caps.as_dict() if isinstance(caps, Capabilities) else None
         rows.append(row)
     if as_json:
         console.print_json(json.dumps(rows))
         return
-    table = Table(title="leasekit backends")
-    for column in (
-        "backend",
-        "installed",
-        "lease (s)",
-        "batch",
-        "max body",
-        "stale receipts",
-        "description",
-    ):
-        table.add_column(column)
+    _print_backends(rows)
+
+
+def _print_backends(rows: list[dict[str, Any]]) -> None:
+    """The backends table, readable at 80 columns, then each one's description."""
+    table = Table(title="leasekit backends", title_justify="left")
+    table.add_column("backend", no_wrap=True)
+    table.add_column("lease", no_wrap=True)
+    table.add_column("batch", justify="right")
+    table.add_column("max body", justify="right", no_wrap=True)
+    table.add_column("stale receipt")
+    fixed = False
     for row in rows:
+        name = Text(row["name"], style="" if row["installed"] else "dim")
         caps = row.get("capabilities")
-        if caps:
-            lease = (
-                f"fixed {caps['fixed_lease']:g}"
-                if caps["fixed_lease"] is not None
-                else f"{caps['min_lease']:g}–{caps['max_lease']:g}"
-            )
-            batch, size = str(caps["max_receive_batch"]), f"{caps['max_message_size']:,}"
-            stale = "detected" if caps["detects_stale_receipts"] else "not detected"
+        if not caps:
+            table.add_row(name, "?", "?", "?", "?")
+            continue
+        if caps["fixed_lease"] is not None:
+            fixed = True
+            lease = f"fixed {_human_seconds(caps['fixed_lease'])} ¹"
         else:
-            lease = batch = size = stale = "-"
+            lease = f"{_human_seconds(caps['min_lease'])}–{_human_seconds(caps['max_lease'])}"
         table.add_row(
-            row["name"],
-            "yes" if row["installed"] else "[yellow]no[/]",
+            name,
             lease,
-            batch,
-            size,
-            stale,
-            row["description"] or row.get("hint", ""),
+            str(caps["max_receive_batch"]),
+            _human_bytes(caps["max_message_size"]),
+            "refused" if caps["detects_stale_receipts"] else "not detected ²",
         )
     console.print(table)
+    about = Table.grid(padding=(0, 2))
+    about.add_column(no_wrap=True)
+    about.add_column()
+    for row in rows:
+        about.add_row(row["name"], Text(row["description"] or ""))
+    console.print(about)
+    notes = [
+        "lease: shortest–longest lease per call (the keeper renews longer ones); batch: "
+        "most messages per receive. Cloud services: documented limits with default "
+        "options; one queue's own: leasekit backends --url URL.",
+    ]
+    if fixed:
+        notes.append("¹ the queue's lock duration (option lock_duration), renewed in steps.")
+    if any((row.get("capabilities") or {}).get("detects_stale_receipts") is False for row in rows):
+        notes.append(
+            "² the service accepts a stale receipt: leasekit's own clock reports the lease lost."
+        )
+    for row in rows:
+        if not row["installed"]:
+            notes.append(f"{row['name']} is not installed: {row.get('hint', '')}")
+    for note in notes:
+        console.print(Text(note, style="dim"))
+
+
+def _queue_capabilities(url: str, options: dict[str, Any], as_json: bool) -> None:
+    """Print one queue's capabilities (opening it makes no backend call)."""
+    with open_queue(url, **options) as queue:
+        caps = queue.capabilities.as_dict()
+        name = queue.name
+    if as_json:
+        console.print_json(json.dumps(caps))
+        return
+    table = Table(title=f"capabilities of queue {name}", title_justify="left")
+    table.add_column("capability", no_wrap=True)
+    table.add_column("value (s, bytes)")
+    for key, value in caps.items():
+        shown = ", ".join(value) if isinstance(value, list) else str(value)
+        table.add_row(key, Text(shown or "-"))
+    console.print(table)
+
+
+def _missing_packages(extra: str | None) -> list[str]:
+    """The distributions a backend's pip extra needs that are not installed ([] if unknown)."""
+    if extra is None:
+        return []
+    try:
+        requirements = importlib.metadata.requires("leasekit") or []
+    except importlib.metadata.PackageNotFoundError:  # running from a source tree
+        return []
+    missing = []
+    for requirement in requirements:
+        spec, _, marker = requirement.partition(";")
+        if f'extra == "{extra}"' not in marker.replace("'", '"'):
+            continue
+        match = re.match(r"[A-Za-z0-9._-]+", spec.strip())
+        if match is None:
+            continue
+        try:
+            importlib.metadata.version(match.group())
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(match.group())
+    return missing
+
+
+def _human_seconds(seconds: float) -> str:
+    """``0.01`` -> ``10 ms``, ``43200`` -> ``12 h``, ``604800`` -> ``7 d``."""
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("min", 60.0), ("s", 1.0)):
+        if seconds >= size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds * 1000:.3g} ms"
+
+
+def _human_bytes(size: int) -> str:
+    """``49152`` -> ``48 KiB``, ``1048576`` -> ``1 MiB``."""
+    for unit, step in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= step:
+            return f"{size / step:.4g} {unit}"
+    return f"{size} B"
 
 
 @app.command()
 def send(
-    url: Annotated[str, typer.Argument(help="Queue URL, e.g. sqlite:///jobs.db?queue=jobs")],
+    url: Annotated[
+        str, typer.Argument(metavar="URL", help="Queue URL, e.g. sqlite:///jobs.db?queue=jobs")
+    ],
     body: Annotated[
-        str | None, typer.Argument(help="Message body (UTF-8); '-' reads stdin.")
+        str | None, typer.Argument(metavar="BODY", help="Message body (UTF-8); '-' reads stdin.")
     ] = None,
-    prop: Annotated[list[str] | None, typer.Option("--property", "-p", help="KEY=VALUE")] = None,
-    delay: Annotated[float, typer.Option(help="Seconds before it is visible.")] = 0,
-    ttl: Annotated[float | None, typer.Option(help="Time-to-live in seconds.")] = None,
-    count: Annotated[int, typer.Option(help="Send the body this many times.")] = 1,
+    prop: Annotated[
+        list[str] | None,
+        typer.Option("--property", "-p", metavar="KEY=VALUE", help="A message property."),
+    ] = None,
+    delay: Annotated[
+        float, typer.Option(metavar="SECONDS", help="Seconds before it is visible.")
+    ] = 0,
+    ttl: Annotated[
+        float | None, typer.Option(metavar="SECONDS", help="Time-to-live in seconds.")
+    ] = None,
+    count: Annotated[int, typer.Option(metavar="N", help="Send the body this many times.")] = 1,
     create: Annotated[bool, typer.Option(help="Create the queue if missing.")] = False,
     option: OptionList = None,
 ) -> None:
@@ -168,12 +271,18 @@ def send(
 
 @app.command()
 def lease(
-    url: Annotated[str, typer.Argument(help="Queue URL.")],
-    max_messages: Annotated[int, typer.Option("--max", help="Most messages to lease.")] = 1,
-    duration: Annotated[float | None, typer.Option(help="Lease duration in seconds.")] = None,
-    wait: Annotated[float, typer.Option(help="Seconds to wait for a message.")] = 0,
+    url: Annotated[str, typer.Argument(metavar="URL", help="Queue URL.")],
+    max_messages: Annotated[
+        int, typer.Option("--max", metavar="N", help="Most messages to lease.")
+    ] = 1,
+    duration: Annotated[
+        float | None, typer.Option(metavar="SECONDS", help="Lease duration in seconds.")
+    ] = None,
+    wait: Annotated[
+        float, typer.Option(metavar="SECONDS", help="Seconds to wait for a message.")
+    ] = 0,
     settle: Annotated[
-        str, typer.Option(help="What to do after printing: complete, abandon or keep.")
+        str, typer.Option(metavar="ACTION", help="After printing: complete, abandon or keep.")
     ] = "abandon",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines.")] = False,
     option: OptionList = None,
@@ -227,7 +336,7 @@ def lease(
 
 @app.command()
 def stats(
-    url: Annotated[str, typer.Argument(help="Queue URL.")],
+    url: Annotated[str, typer.Argument(metavar="URL", help="Queue URL.")],
     option: OptionList = None,
 ) -> None:
     """Print visible / leased / delayed / dead-lettered / total counts, where known."""
@@ -248,16 +357,17 @@ def stats(
 
 @app.command()
 def conformance(
-    url: Annotated[str, typer.Argument(help="Backend URL or name to test.")],
+    url: Annotated[str, typer.Argument(metavar="URL", help="Backend URL or name to test.")],
     option: OptionList = None,
     json_out: Annotated[
-        Path | None, typer.Option("--json", help="Write the matrix as JSON.")
+        Path | None, typer.Option("--json", metavar="PATH", help="Write the matrix as JSON.")
     ] = None,
     markdown: Annotated[
-        Path | None, typer.Option("--markdown", help="Write the matrix as Markdown.")
+        Path | None,
+        typer.Option("--markdown", metavar="PATH", help="Write the matrix as Markdown."),
     ] = None,
     select: Annotated[
-        str | None, typer.Option("-k", help="Only tests matching (pytest -k).")
+        str | None, typer.Option("-k", metavar="EXPR", help="Only tests matching (pytest -k).")
     ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show pytest output.")] = False,
     use_async: Annotated[
@@ -344,7 +454,7 @@ def demo(
         ),
     ] = None,
     directory: Annotated[
-        str | None, typer.Option("--dir", help="Keep the SQLite files here.")
+        str | None, typer.Option("--dir", metavar="DIR", help="Keep the SQLite files here.")
     ] = None,
 ) -> None:
     """Workers killed mid-message; every message processed, none lost (embedded SQLite).
@@ -390,14 +500,17 @@ def demo(
 
 @app.command("spark-demo")
 def spark_demo(
-    messages: Annotated[int, typer.Option(help="Sensor readings to send.")] = 2000,
-    batch: Annotated[int, typer.Option(help="Messages per micro-batch.")] = 500,
-    fail_batch: Annotated[int, typer.Option(help="Micro-batch that fails once (-1: none).")] = 1,
+    messages: Annotated[int, typer.Option(metavar="N", help="Sensor readings to send.")] = 2000,
+    batch: Annotated[int, typer.Option(metavar="N", help="Messages per micro-batch.")] = 500,
+    fail_batch: Annotated[
+        int, typer.Option(metavar="N", help="Micro-batch that fails once (-1: none).")
+    ] = 1,
     directory: Annotated[
-        str | None, typer.Option("--dir", help="Keep the queue, checkpoint and Parquet here.")
+        str | None,
+        typer.Option("--dir", metavar="DIR", help="Keep the queue, checkpoint and Parquet here."),
     ] = None,
 ) -> None:
-    """Queue → Spark stream → aggregate in Parquet, with a failure: nothing lost (needs [spark])."""
+    r"""Queue → Spark stream → Parquet, with a failure: nothing lost (needs \[spark])."""
     from leasekit.plugins.spark.cli import spark_demo as run
 
     ok = run(
