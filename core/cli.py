@@ -1,4 +1,4 @@
-"""The ``leasekit`` command line: backends, send, lease, stats, and the conformance suite.
+"""The ``leasekit`` command line: backends, send, lease, stats, consume, watch, conformance.
 
 Backend options (credentials, endpoints) are given with ``--option KEY=VALUE``
 (repeatable), never in the URL. Every leasekit error is printed as one line
@@ -7,16 +7,21 @@ and exits with status 2 (bad input) or 1 (anything else).
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
+import importlib
 import importlib.metadata
+import inspect
 import json
+import os
 import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, cast
 
 import typer
 from rich.console import Console
@@ -26,6 +31,8 @@ from rich.text import Text
 
 from . import errors
 from .capabilities import COUNT_FIELDS, Capabilities
+from .consumer import Consumer, ConsumerStats
+from .health import HealthServer
 from .redaction import redact
 from .registry import default_registry
 from .registry import open as open_queue
@@ -353,6 +360,125 @@ def stats(
         console.print(table)
 
     _run(go)
+
+
+@app.command()
+def consume(
+    url: Annotated[str, typer.Argument(metavar="URL", help="Queue URL.")],
+    handler: Annotated[
+        str,
+        typer.Option(
+            "--handler",
+            metavar="MODULE:FUNC",
+            help="Called with each message (sync or async): returning completes it, "
+            "raising abandons it.",
+        ),
+    ],
+    concurrency: Annotated[
+        int, typer.Option(metavar="N", help="Handlers at once (tasks if async).")
+    ] = 1,
+    lease_duration: Annotated[
+        float | None, typer.Option(metavar="SECONDS", help="Physical lease, kept renewed.")
+    ] = None,
+    max_deliveries: Annotated[
+        int | None, typer.Option(metavar="N", help="Dead-letter one delivered more than N times.")
+    ] = None,
+    until_idle: Annotated[
+        bool, typer.Option("--until-idle", help="Stop once the queue is drained.")
+    ] = False,
+    health_port: Annotated[
+        int | None,
+        typer.Option(metavar="PORT", help="Serve /livez and /readyz (0: any free port)."),
+    ] = None,
+    health_host: Annotated[
+        str, typer.Option(metavar="HOST", help="Health address (0.0.0.0: reachable outside).")
+    ] = "127.0.0.1",
+    create: Annotated[bool, typer.Option("--create", help="Create the queue if missing.")] = False,
+    option: OptionList = None,
+) -> None:
+    """Run a worker on a queue: lease, keep alive, handle, settle.
+
+    MODULE is imported from the current directory or the installed packages.
+    Ctrl-C or SIGTERM stops it gracefully: handlers finish, unstarted messages
+    go back to the queue.
+    """
+
+    def go() -> ConsumerStats:
+        function = _load_handler(handler)
+        options = _parse_options(option)
+        settings: dict[str, Any] = {
+            "concurrency": concurrency,
+            "lease_duration": lease_duration,
+            "max_deliveries": max_deliveries,
+        }
+        call = getattr(function, "__call__", None)  # noqa: B004 - an object with an async __call__
+        if inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(call):
+            return asyncio.run(_consume_async(url, function, options, settings))
+        with open_queue(url, create=create, **options) as queue:
+            consumer = Consumer(queue, function, **settings)
+            with _health_endpoint(consumer, health_host, health_port, queue.name, handler):
+                return consumer.run(until_idle=until_idle)
+
+    async def _consume_async(
+        url: str, function: Any, options: dict[str, Any], settings: dict[str, Any]
+    ) -> ConsumerStats:
+        from . import aio
+
+        async with aio.open(url, create=create, **options) as queue:
+            consumer = aio.AsyncConsumer(queue, function, **settings)
+            with _health_endpoint(consumer, health_host, health_port, queue.name, handler):
+                return await consumer.run(until_idle=until_idle)
+
+    stats = _run(go)
+    table = Table(title="consumer stopped", title_justify="left")
+    table.add_column("messages")
+    table.add_column("", justify="right")
+    for key, value in stats.as_dict().items():
+        if isinstance(value, int) and (value or key in ("received", "completed")):
+            table.add_row(key.replace("_", " "), f"{value:,}")
+    console.print(table)
+
+
+@contextlib.contextmanager
+def _health_endpoint(
+    consumer: Any, host: str, port: int | None, queue: str, handler: str
+) -> Iterator[None]:
+    """Serve ``consumer``'s health while the block runs (if a port is given); say so on stderr."""
+    err_console.print(f"consuming {queue!r} with {handler}", highlight=False)
+    if port is None:
+        yield
+        return
+    with HealthServer(consumer, host=host, port=port) as server:
+        err_console.print(f"health: {server.url}/livez and {server.url}/readyz", highlight=False)
+        yield
+
+
+def _load_handler(spec: str) -> Callable[..., Any]:
+    """Import ``module:attribute[.attribute]``; the current directory comes first, as for python -m.
+
+    Raises:
+        InvalidArgument: a malformed spec, a module that fails to import, a missing
+            or non-callable attribute.
+    """
+    module_name, sep, path = spec.partition(":")
+    if not sep or not module_name or not path:
+        raise errors.InvalidArgument(f"--handler takes MODULE:FUNCTION, got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception as exc:
+        raise errors.InvalidArgument(f"--handler: cannot import {module_name!r}: {exc!r}") from exc
+    for part in path.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise errors.InvalidArgument(
+                f"--handler: {module_name!r} has no attribute {path!r}"
+            ) from None
+    if not callable(target):
+        raise errors.InvalidArgument(f"--handler: {spec} is not callable")
+    return cast(Callable[..., Any], target)
 
 
 @app.command()

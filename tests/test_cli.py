@@ -3,6 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +144,111 @@ def test_backends_url_shows_one_queues_own_capabilities() -> None:
     assert "262144" in table.output
     bad = runner.invoke(app, ["backends", "--url", "kafka://x"])
     assert bad.exit_code == 2
+
+
+# ------------------------------------------------------------------- consume
+
+HANDLERS = """
+import asyncio
+from pathlib import Path
+
+def record(message):
+    with open(Path(__file__).with_name("done.txt"), "ab") as out:
+        out.write(message.body + b"\\n")
+
+async def record_async(message):
+    await asyncio.sleep(0)
+    record(message)
+
+not_callable = 3
+"""
+
+
+#: ``leasekit consume`` run as its own process (signals, a health port).
+CONSUME = [sys.executable, "-m", "leasekit.cli", "consume"]
+
+
+def _wait_for(condition, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
+
+
+def test_consume_runs_a_handler_serves_health_and_stops_gracefully_on_sigterm(
+    tmp_path: Path, url: str
+) -> None:
+    (tmp_path / "handlers.py").write_text(HANDLERS)
+    assert runner.invoke(app, ["send", url, "one", "--create"]).exit_code == 0
+    process = subprocess.Popen(
+        [*CONSUME, url, "--handler", "handlers:record", "--health-port", "0"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLUMNS": "80"},
+    )
+    try:
+        assert process.stderr is not None
+        banner = process.stderr.readline() + process.stderr.readline()
+        match = re.search(r"health: (http://[\d.:]+)/livez", banner)
+        assert match, banner
+        base = match.group(1)
+        _wait_for(lambda: _status(f"{base}/readyz") == 200, 10, "the consumer to be ready")
+        assert _status(f"{base}/livez") == 200
+        assert runner.invoke(app, ["send", url, "two"]).exit_code == 0
+        done = tmp_path / "done.txt"
+        _wait_for(lambda: done.exists() and len(done.read_text().split()) == 2, 10, "both")
+        process.send_signal(signal.SIGTERM)
+        out, _ = process.communicate(timeout=20)
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode == 0, out
+    assert sorted(done.read_text().split()) == ["one", "two"]
+    assert re.search(r"completed\s+│\s+2", out), out
+
+
+def test_consume_runs_an_async_handler_until_idle(tmp_path: Path, url: str) -> None:
+    (tmp_path / "handlers.py").write_text(HANDLERS)
+    runner.invoke(app, ["send", url, "a", "--create", "--count", "3"])
+    result = subprocess.run(
+        [*CONSUME, url, "--handler", "handlers:record_async", "--until-idle", "--concurrency", "4"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "done.txt").read_text().split() == ["a", "a", "a"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("handlers", "MODULE:FUNCTION"),
+        ("no_such_module:f", "cannot import 'no_such_module'"),
+        ("handlers:missing", "has no attribute 'missing'"),
+        ("handlers:not_callable", "is not callable"),
+    ],
+)
+def test_consume_refuses_a_bad_handler_before_opening_the_queue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spec: str, message: str
+) -> None:
+    (tmp_path / "handlers.py").write_text(HANDLERS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = runner.invoke(app, ["consume", "kafka://nowhere", "--handler", spec])
+    assert result.exit_code == 2 and message in result.output, result.output
