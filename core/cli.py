@@ -19,6 +19,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, TypeVar, cast
@@ -479,6 +480,66 @@ def _load_handler(spec: str) -> Callable[..., Any]:
     if not callable(target):
         raise errors.InvalidArgument(f"--handler: {spec} is not callable")
     return cast(Callable[..., Any], target)
+
+
+@app.command()
+def watch(
+    url: Annotated[str, typer.Argument(metavar="URL", help="Queue URL.")],
+    metrics: Annotated[
+        str | None,
+        typer.Option(
+            metavar="URL",
+            help="A consumer's Prometheus endpoint, e.g. http://host:9464/metrics.",
+        ),
+    ] = None,
+    interval: Annotated[
+        float, typer.Option(metavar="SECONDS", help="Seconds between samples.")
+    ] = 2.0,
+    once: Annotated[
+        bool,
+        typer.Option("--once", help="Print one frame (two samples for the rates) and exit."),
+    ] = False,
+    option: OptionList = None,
+) -> None:
+    """Watch a queue's counts and rates live, and a consumer's leases with --metrics."""
+    from rich.live import Live
+
+    from .watch import WatchView, fetch_metrics, sample_queue
+
+    if not (isinstance(interval, float | int) and 0.1 <= interval <= 3600):
+        err_console.print("[bold red]error:[/] --interval must be 0.1 to 3600 seconds")
+        raise typer.Exit(2)
+
+    def go() -> None:
+        with open_queue(url, **_parse_options(option)) as queue:
+            view = WatchView(
+                f"{queue.name} ({queue.driver.scheme})",
+                queue.capabilities.counted if queue.capabilities.queue_stats else frozenset(),
+                metrics_url=metrics,
+                interval=interval,
+            )
+
+            def sample() -> None:
+                view.add(sample_queue(queue), fetch_metrics(metrics) if metrics else None)
+
+            sample()
+            if once:
+                time.sleep(interval)
+                sample()
+                console.print(view.render())
+                if view.queue[-1].error is not None:
+                    raise typer.Exit(1)
+                return
+            try:
+                with Live(view.render(), console=console, auto_refresh=False) as live:
+                    while True:
+                        time.sleep(interval)
+                        sample()
+                        live.update(view.render(), refresh=True)
+            except KeyboardInterrupt:
+                return
+
+    _run(go)
 
 
 @app.command()
