@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, TypeVar, cast
 
@@ -305,9 +306,12 @@ def lease(
             leases = queue.lease(max_messages, duration=duration, wait=wait)
             if not leases:
                 err_console.print("no message")
-            table = Table(title=f"{len(leases)} leased from {queue.name}")
-            for column in ("id", "delivery", "enqueued", "expires", "properties", "body"):
-                table.add_column(column)
+            table = Table(title=f"{len(leases)} leased from {queue.name}", title_justify="left")
+            table.add_column("id", no_wrap=True)
+            table.add_column("#", justify="right")  # delivery count
+            table.add_column("age", justify="right", no_wrap=True)
+            table.add_column("expires", justify="right", no_wrap=True)
+            table.add_column("body (properties)", overflow="fold")
             for item in leases:
                 m = item.message
                 if as_json:
@@ -324,13 +328,17 @@ def lease(
                         )
                     )
                 else:
+                    body = Text(_show_body(m.body))
+                    if m.properties:
+                        shown = " ".join(f"{k}={v}" for k, v in m.properties.items())
+                        body.append(f"\n({shown})", style="dim")
+                    age = (datetime.now(UTC) - m.enqueued_at).total_seconds()
                     table.add_row(
                         m.id,
                         str(m.delivery_count),
-                        m.enqueued_at.isoformat(timespec="seconds"),
-                        item.expires_at.isoformat(timespec="seconds"),
-                        json.dumps(dict(m.properties)) if m.properties else "",
-                        _show_body(m.body),
+                        _human_seconds(max(age, 0.001)),
+                        f"in {_human_seconds(max(item.time_left, 0.001))}",
+                        body,
                     )
                 if settle == "complete":
                     item.complete()

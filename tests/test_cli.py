@@ -252,3 +252,16 @@ def test_consume_refuses_a_bad_handler_before_opening_the_queue(
     monkeypatch.syspath_prepend(str(tmp_path))
     result = runner.invoke(app, ["consume", "kafka://nowhere", "--handler", spec])
     assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_lease_shows_whole_ids_and_bodies_at_80_columns(url: str) -> None:
+    runner.invoke(app, ["send", url, "[bold]not markup[/] " + "x" * 100, "--create", "-p", "k=v"])
+    result = runner.invoke(app, ["lease", url], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    leased = runner.invoke(app, ["lease", url, "--json"])
+    message_id = json.loads(leased.output.splitlines()[0])["id"]
+    assert message_id in result.output  # never cut short
+    assert "[bold]not markup[/]" in result.output and "(k=v)" in result.output
+    assert result.output.count("x") >= 100
