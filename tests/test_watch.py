@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 import sys
 import threading
+import time
+import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -255,3 +257,38 @@ def test_watch_once_of_an_unreachable_queue_says_why_and_exits_1(tmp_path: Path)
     assert result.exit_code == 1 and "QueueNotFound" in result.output
     bad = runner.invoke(app, ["watch", url, "--interval", "0"])
     assert bad.exit_code == 2
+
+
+def test_watch_reads_the_otel_plugins_real_prometheus_endpoint() -> None:
+    """Not a sample: the otel plugin's metrics, served by the OpenTelemetry exporter."""
+    otel = pytest.importorskip("leasekit.plugins.otel")
+    endpoint = otel.start_prometheus_server(port=0, host="127.0.0.1")
+    registry = leasekit.BackendRegistry()
+    name = f"watch-{uuid.uuid4().hex[:6]}"
+    try:
+        otel.instrument(meter_provider=endpoint.meter_provider, registry=registry)
+        queue = registry.open("memory", queue=name, create=True)
+        queue.send_many([b"a", b"b", b"c"])
+        [lease] = queue.lease(1, duration=0.3)
+        [held] = queue.lease(1, duration=30)
+        with leasekit.LeaseKeeper() as keeper:
+            keeper.add(lease)
+            deadline = time.monotonic() + 10
+            while keeper.stats.renewed < 1 and time.monotonic() < deadline:
+                time.sleep(0.02)
+        lease.complete()
+        scraped = fetch_metrics(endpoint.url).metrics
+        args = ["watch", f"memory://{name}", "--metrics", endpoint.url, "--once"]
+        result = runner.invoke(app, [*args, "--interval", "0.1"], env={"COLUMNS": "80"})
+    finally:
+        otel.uninstrument(registry)
+        endpoint.shutdown()
+    assert result.exit_code == 0, result.output
+    assert _row(result.output, "visible")[:2] == ["visible", "1"]
+    assert _row(result.output, "leases held") == ["leases held", "1"]  # `held`
+    assert int(_row(result.output, "renewals")[1]) >= 1
+    assert _row(result.output, "messages consumed")[:2] == ["messages consumed", "2"]
+    assert scraped is not None and scraped.histograms[LATENESS].count >= 1
+    # The frame's lateness covers the renewals between its two scrapes: none here.
+    assert _row(result.output, "renewal lateness p99") == ["renewal lateness p99", "no renewals"]
+    held.complete()
