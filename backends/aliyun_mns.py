@@ -513,6 +513,41 @@ class _ClientPool:
 # -------------------------------------------------------------------- driver
 
 
+#: The service's documented limits with the driver's default options (shown by
+#: ``leasekit backends`` without credentials); options can change some per queue.
+CAPABILITIES = Capabilities(
+    min_lease=float(MIN_VISIBILITY),
+    max_lease=float(MAX_VISIBILITY),
+    lease_resolution=1.0,
+    lease_on_receive=False,
+    lease_set_after_receive=True,
+    fixed_lease=None,
+    max_total_lease=None,
+    renew_rotates_receipt=True,
+    detects_stale_receipts=True,
+    expired_receipt_usable=False,
+    max_receive_batch=MAX_BATCH,
+    max_delete_batch=MAX_BATCH,
+    max_renew_batch=1,
+    max_send_batch=MAX_BATCH,
+    # BatchSendMessage takes 64 KiB of body text in all: 49,152 bytes as base64.
+    max_send_batch_bytes=MAX_BODY,
+    max_message_size=MAX_BODY,
+    max_wait=float(MAX_WAIT),
+    wait_resolution=1.0,
+    max_abandon_delay=float(MAX_VISIBILITY),
+    min_abandon_delay=float(MIN_VISIBILITY),
+    max_send_delay=float(MAX_DELAY),
+    max_ttl=None,
+    supports_properties=True,
+    native_dead_letter=False,
+    delivery_count=True,
+    queue_stats=True,
+    counts=frozenset({"visible", "leased", "delayed"}),
+    inspect_dead_letters=True,
+)
+
+
 class AliyunMnsDriver(Driver):
     """Driver for one Alibaba Cloud MNS queue.
 
@@ -532,6 +567,7 @@ class AliyunMnsDriver(Driver):
     """
 
     scheme = "aliyun-mns"
+    capabilities = CAPABILITIES
     secret_options = _SECRET_OPTIONS
     credential_hint = (
         "pass access_key_id= and access_key_secret= as keyword options or set "
@@ -591,37 +627,6 @@ class AliyunMnsDriver(Driver):
         self._clients = _ClientPool(self._endpoint, provider, connect_seconds, read_seconds)
         self._owns_clients = True
         self._closed = False
-        self.capabilities = Capabilities(
-            min_lease=float(MIN_VISIBILITY),
-            max_lease=float(MAX_VISIBILITY),
-            lease_resolution=1.0,
-            lease_on_receive=False,
-            lease_set_after_receive=True,
-            fixed_lease=None,
-            max_total_lease=None,
-            renew_rotates_receipt=True,
-            detects_stale_receipts=True,
-            expired_receipt_usable=False,
-            max_receive_batch=MAX_BATCH,
-            max_delete_batch=MAX_BATCH,
-            max_renew_batch=1,
-            max_send_batch=MAX_BATCH,
-            # BatchSendMessage takes 64 KiB of body text in all: 49,152 bytes as base64.
-            max_send_batch_bytes=MAX_BODY,
-            max_message_size=MAX_BODY,
-            max_wait=float(MAX_WAIT),
-            wait_resolution=1.0,
-            max_abandon_delay=float(MAX_VISIBILITY),
-            min_abandon_delay=float(MIN_VISIBILITY),
-            max_send_delay=float(MAX_DELAY),
-            max_ttl=None,
-            supports_properties=True,
-            native_dead_letter=False,
-            delivery_count=True,
-            queue_stats=True,
-            counts=frozenset({"visible", "leased", "delayed"}),
-            inspect_dead_letters=True,
-        )
 
     @classmethod
     def options_from_url(cls, url: ParsedURL) -> dict[str, Any]:

@@ -336,6 +336,36 @@ class _Connection:
                 close()
 
 
+#: The service's documented limits with the driver's default options (shown by
+#: ``leasekit backends`` without credentials); options can change some per queue.
+CAPABILITIES = Capabilities(
+    min_lease=1.0,
+    max_lease=float(MAX_VISIBILITY),
+    lease_resolution=1.0,
+    lease_on_receive=True,
+    max_total_lease=float(MAX_VISIBILITY),
+    renew_rotates_receipt=False,
+    detects_stale_receipts=False,
+    expired_receipt_usable=False,
+    max_receive_batch=BATCH,
+    max_delete_batch=BATCH,
+    max_renew_batch=BATCH,
+    max_send_batch=BATCH,
+    max_message_size=(DEFAULT_MAXIMUM_MESSAGE_SIZE - ATTRIBUTE_ROOM) // 4 * 3,
+    max_wait=float(MAX_WAIT),
+    wait_resolution=1.0,
+    max_abandon_delay=float(MAX_VISIBILITY),
+    max_send_delay=float(MAX_DELAY),
+    max_ttl=None,
+    supports_properties=True,
+    native_dead_letter=False,
+    delivery_count=True,
+    queue_stats=True,
+    counts=frozenset({"visible", "leased", "delayed"}),
+    inspect_dead_letters=True,
+)
+
+
 class SqsDriver(Driver):
     """Driver for one SQS standard queue.
 
@@ -360,6 +390,7 @@ class SqsDriver(Driver):
     """
 
     scheme = "aws-sqs"
+    capabilities = CAPABILITIES
     secret_options = _SECRET_OPTIONS
     credential_hint = "use the boto3 chain (environment, profile, role) or keyword options"
 
@@ -456,32 +487,7 @@ class SqsDriver(Driver):
             if _connection is not None
             else _Connection(self._make_client, client)
         )
-        self.capabilities = Capabilities(
-            min_lease=1.0,
-            max_lease=float(MAX_VISIBILITY),
-            lease_resolution=1.0,
-            lease_on_receive=True,
-            max_total_lease=float(MAX_VISIBILITY),
-            renew_rotates_receipt=False,
-            detects_stale_receipts=False,
-            expired_receipt_usable=False,
-            max_receive_batch=BATCH,
-            max_delete_batch=BATCH,
-            max_renew_batch=BATCH,
-            max_send_batch=BATCH,
-            max_message_size=(size - ATTRIBUTE_ROOM) // 4 * 3,
-            max_wait=float(MAX_WAIT),
-            wait_resolution=1.0,
-            max_abandon_delay=float(MAX_VISIBILITY),
-            max_send_delay=float(MAX_DELAY),
-            max_ttl=None,
-            supports_properties=True,
-            native_dead_letter=False,
-            delivery_count=True,
-            queue_stats=True,
-            counts=frozenset({"visible", "leased", "delayed"}),
-            inspect_dead_letters=True,
-        )
+        self.capabilities = CAPABILITIES.replace(max_message_size=(size - ATTRIBUTE_ROOM) // 4 * 3)
 
     @classmethod
     def options_from_url(cls, url: ParsedURL) -> dict[str, Any]:

@@ -430,6 +430,38 @@ def _expirations(response: Any) -> list[float]:
     return [float(ms) / 1000.0 for ms in values]
 
 
+#: The service's documented limits with the driver's default options (shown by
+#: ``leasekit backends`` without credentials); options can change some per queue.
+CAPABILITIES = Capabilities(
+    min_lease=DEFAULT_LOCK_DURATION,
+    max_lease=DEFAULT_LOCK_DURATION,
+    lease_resolution=1.0,
+    lease_on_receive=False,
+    lease_set_after_receive=False,
+    fixed_lease=DEFAULT_LOCK_DURATION,
+    max_total_lease=None,
+    renew_rotates_receipt=False,
+    detects_stale_receipts=True,
+    expired_receipt_usable=False,
+    max_receive_batch=MAX_RECEIVE,
+    max_delete_batch=1,
+    max_renew_batch=MAX_RENEW,
+    max_send_batch=MAX_SEND,
+    max_message_size=DEFAULT_MAX_MESSAGE_SIZE - HEADER_ROOM,
+    max_wait=DEFAULT_MAX_WAIT,
+    max_abandon_delay=0.0,
+    max_send_delay=MAX_SEND_DELAY,
+    max_ttl=MAX_TTL,
+    ttl_ends_lease=False,  # a locked message outlives its TTL until the lock ends
+    supports_properties=True,
+    native_dead_letter=True,
+    delivery_count=True,
+    queue_stats=True,
+    counts=frozenset({"delayed", "dead_lettered", "total"}),
+    inspect_dead_letters=True,
+)
+
+
 class ServiceBusDriver(Driver):
     """Driver for one Service Bus queue.
 
@@ -452,6 +484,7 @@ class ServiceBusDriver(Driver):
     """
 
     scheme = "azure-service-bus"
+    capabilities = CAPABILITIES
     secret_options = _SECRET_OPTIONS
     credential_hint = "pass connection_string= or credential= as keyword options"
 
@@ -559,33 +592,13 @@ class ServiceBusDriver(Driver):
         self._checked_lock = False
         self._entity_missing = False
         self._closed = False
-        self.capabilities = Capabilities(
+        self.capabilities = CAPABILITIES.replace(
             min_lease=lock,
             max_lease=lock,
             lease_resolution=1.0 if lock == int(lock) else 0.001,
-            lease_on_receive=False,
-            lease_set_after_receive=False,
             fixed_lease=lock,
-            max_total_lease=None,
-            renew_rotates_receipt=False,
-            detects_stale_receipts=True,
-            expired_receipt_usable=False,
-            max_receive_batch=MAX_RECEIVE,
-            max_delete_batch=1,
-            max_renew_batch=MAX_RENEW,
-            max_send_batch=MAX_SEND,
             max_message_size=size - HEADER_ROOM,
             max_wait=wait,
-            max_abandon_delay=0.0,
-            max_send_delay=MAX_SEND_DELAY,
-            max_ttl=MAX_TTL,
-            ttl_ends_lease=False,  # a locked message outlives its TTL until the lock ends
-            supports_properties=True,
-            native_dead_letter=True,
-            delivery_count=True,
-            queue_stats=True,
-            counts=frozenset({"delayed", "dead_lettered", "total"}),
-            inspect_dead_letters=True,
         )
 
     @classmethod

@@ -381,6 +381,34 @@ def _redacted_endpoint(url: str) -> str:
 # -------------------------------------------------------------------- driver
 
 
+#: The service's documented limits with the driver's default options (shown by
+#: ``leasekit backends`` without credentials); options can change some per queue.
+CAPABILITIES = Capabilities(
+    min_lease=1.0,
+    max_lease=float(WEEK),
+    lease_resolution=1.0,
+    lease_on_receive=True,
+    renew_rotates_receipt=True,
+    detects_stale_receipts=True,
+    expired_receipt_usable=True,
+    max_receive_batch=MAX_RECEIVE,
+    max_delete_batch=1,
+    max_renew_batch=1,
+    max_send_batch=1,
+    max_message_size=MAX_BODY,
+    max_wait=0.0,
+    max_abandon_delay=float(WEEK),
+    max_send_delay=float(WEEK),
+    max_ttl=float(MAX_TTL),
+    supports_properties=True,
+    native_dead_letter=False,
+    delivery_count=True,
+    queue_stats=True,
+    counts=frozenset({"total"}),
+    inspect_dead_letters=True,
+)
+
+
 class AzureStorageQueueDriver(Driver):
     """Driver for one Azure Storage queue.
 
@@ -404,6 +432,7 @@ class AzureStorageQueueDriver(Driver):
     """
 
     scheme = "azure-storage-queue"
+    capabilities = CAPABILITIES
     secret_options = _SECRET_OPTIONS
     credential_hint = "pass connection_string= or credential= as keyword options"
 
@@ -515,30 +544,6 @@ class AzureStorageQueueDriver(Driver):
         self._client: QueueClient = self._service.get_queue_client(queue)
         self._endpoint = _redacted_endpoint(self._service.url)
         self._closed = False
-        self.capabilities = Capabilities(
-            min_lease=1.0,
-            max_lease=float(WEEK),
-            lease_resolution=1.0,
-            lease_on_receive=True,
-            renew_rotates_receipt=True,
-            detects_stale_receipts=True,
-            expired_receipt_usable=True,
-            max_receive_batch=MAX_RECEIVE,
-            max_delete_batch=1,
-            max_renew_batch=1,
-            max_send_batch=1,
-            max_message_size=MAX_BODY,
-            max_wait=0.0,
-            max_abandon_delay=float(WEEK),
-            max_send_delay=float(WEEK),
-            max_ttl=float(MAX_TTL),
-            supports_properties=True,
-            native_dead_letter=False,
-            delivery_count=True,
-            queue_stats=True,
-            counts=frozenset({"total"}),
-            inspect_dead_letters=True,
-        )
 
     @classmethod
     def options_from_url(cls, url: ParsedURL) -> dict[str, Any]:

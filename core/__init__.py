@@ -39,9 +39,10 @@ from .errors import (
     SendIncomplete,
     UnsupportedOperation,
 )
+from .health import Health, HealthLimits, HealthServer
 from .hookspecs import hookimpl
 from .idempotency import IdempotencyStore, MemoryIdempotencyStore, SqliteIdempotencyStore
-from .keeper import KeeperStats, LeaseKeeper
+from .keeper import KeeperProgress, KeeperStats, LeaseKeeper
 from .lease import Lease
 from .message import LeaseState, Message
 from .queue import Queue
@@ -66,10 +67,14 @@ __all__ = [
     "ConsumerStats",
     "DeadLetter",
     "FixedLeaseDuration",
+    "Health",
+    "HealthLimits",
+    "HealthServer",
     "IdempotencyStore",
     "InvalidArgument",
     "InvalidLeaseDuration",
     "InvalidURL",
+    "KeeperProgress",
     "KeeperStats",
     "Lease",
     "LeaseDurationPolicy",

@@ -51,8 +51,9 @@ from typing import Any, TypeVar
 
 from . import errors
 from .capabilities import Capabilities
-from .consumer import LEASE_WAIT, ConsumerStats
+from .consumer import LEASE_WAIT, ROOM_WAIT, ConsumerStats
 from .events import Events
+from .health import Health, HealthLimits, WorkerPulse, assess
 from .keeper import KeeperStats, LeaseKeeper
 from .lease import Lease
 from .message import LeaseState, Message
@@ -94,6 +95,9 @@ DEFAULT_THREADS = 8
 LEASE_ONE_STEP = 20.0
 
 _Failure = errors.LeaseError | errors.LeaseStateError | None
+#: A running AsyncConsumer stamps its event loop's tick this often, so its health
+#: shows a blocked loop (a handler doing CPU work or blocking I/O) as it happens.
+LOOP_TICK = 0.25
 
 
 class _Workers:
@@ -864,6 +868,9 @@ class AsyncConsumer:
         self._buffer: deque[Lease] = deque()
         self._in_flight: dict[int, Lease] = {}
         self._shutting_down = False
+        self._keeper: LeaseKeeper | None = self.settings.keeper
+        self._pulse = WorkerPulse()  # what the receive loop did last, for health()
+        self._ticker: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------ public
 
@@ -875,6 +882,18 @@ class AsyncConsumer:
         snapshot.in_flight = len(self._in_flight)
         snapshot.lease_duration = dict(self.settings.duration_policy.figures())
         return snapshot
+
+    def health(self, limits: HealthLimits | None = None) -> Health:
+        """Liveness and readiness, measured now; a plain method, safe from any thread.
+
+        As :meth:`leasekit.Consumer.health`. A blocked event loop shows here: the
+        receive loop cannot come back when it said it would, so after
+        ``limits.stuck_after`` seconds the consumer is not live. Serve it with
+        :class:`leasekit.health.HealthServer`, which runs on its own thread and
+        so answers while the loop is blocked.
+        """
+        keeper = self._keeper
+        return assess(self._pulse, None if keeper is None else keeper.progress(), limits)
 
     def stop(self) -> None:
         """Ask :meth:`run` to stop: no new leases; running handlers get ``shutdown_grace``."""
@@ -901,6 +920,9 @@ class AsyncConsumer:
         keeper = settings.keeper or LeaseKeeper()
         own_keeper = settings.keeper is None
         keeper.start()
+        self._keeper = keeper
+        self._pulse.begin()
+        self._tick()
         caps = self.queue.capabilities
         completer = _Completer(self.queue, caps.max_delete_batch, self.batch_window)
         ready = asyncio.Condition()
@@ -919,12 +941,24 @@ class AsyncConsumer:
             grace = 0.0  # cancelled: give everything back now, do not wait for handlers
             raise
         finally:
+            self._pulse.stopping()
             events.emit("leasekit_worker_event", name="stopping", details=details)
             await asyncio.shield(self._shutdown(workers, keeper, ready, own_keeper, grace))
             restore()
+            if self._ticker is not None:
+                self._ticker.cancel()
+                self._ticker = None
             self._running = False
+            if own_keeper:
+                self._keeper = None
+            self._pulse.end()
             events.emit("leasekit_worker_event", name="stopped", details=details)
         return self.stats
+
+    def _tick(self) -> None:
+        """Stamp the event loop's tick for health(), and come back in ``LOOP_TICK`` s."""
+        self._pulse.ticked(LOOP_TICK)
+        self._ticker = asyncio.get_running_loop().call_later(LOOP_TICK, self._tick)
 
     # ------------------------------------------------------------ the receiver
 
@@ -938,13 +972,16 @@ class AsyncConsumer:
         limit = settings.concurrency + settings.prefetch
         refill = max(1, min(caps.max_receive_batch, limit // 2))
         failures = 0
+        pulse = self._pulse
         while not self._stop.is_set():
+            pulse.expect(ROOM_WAIT)
             async with ready:
                 while (
                     len(self._buffer) + len(self._in_flight) > limit - refill
                     and not self._stop.is_set()
                 ):
-                    await _wait(ready, 0.5)
+                    pulse.expect(ROOM_WAIT)
+                    await _wait(ready, ROOM_WAIT)
             if self._stop.is_set():
                 return
             want = max(
@@ -952,8 +989,10 @@ class AsyncConsumer:
             )
             try:
                 duration = settings.lease_duration(caps, self.queue.queue.check_duration)
+                pulse.receiving(LEASE_WAIT, LEASE_WAIT + self.queue.queue.call_timeout)
                 got = await self.queue.lease(want, duration=duration, wait=LEASE_WAIT)
             except errors.BackendUnavailable as exc:
+                pulse.failed(exc)
                 failures += 1
                 self._stats.receive_errors += 1
                 pause = receive_pause(failures)
@@ -965,12 +1004,15 @@ class AsyncConsumer:
                         pause,
                         exc,
                     )
+                pulse.expect(pause)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), pause)
                 continue
             except errors.LeaseError as exc:
+                pulse.failed(exc)
                 _log.error("consumer of %r stops: receiving failed: %s", self.queue.name, exc)
                 raise
+            pulse.received()
             failures = 0
             if not got:
                 if until_idle and not self._buffer and not self._in_flight:

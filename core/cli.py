@@ -1,4 +1,4 @@
-"""The ``leasekit`` command line: backends, send, lease, stats, and the conformance suite.
+"""The ``leasekit`` command line: backends, send, lease, stats, consume, watch, conformance.
 
 Backend options (credentials, endpoints) are given with ``--option KEY=VALUE``
 (repeatable), never in the URL. Every leasekit error is printed as one line
@@ -7,22 +7,34 @@ and exits with status 2 (bad input) or 1 (anything else).
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
+import importlib
+import importlib.metadata
+import inspect
 import json
+import os
+import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, cast
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from . import errors
-from .capabilities import COUNT_FIELDS
+from .capabilities import COUNT_FIELDS, Capabilities
+from .consumer import Consumer, ConsumerStats
+from .health import HealthServer
 from .redaction import redact
 from .registry import default_registry
 from .registry import open as open_queue
@@ -43,7 +55,7 @@ err_console = Console(stderr=True)
 
 OptionList = Annotated[
     list[str] | None,
-    typer.Option("--option", "-o", help="Backend option KEY=VALUE (repeatable)."),
+    typer.Option("--option", "-o", metavar="KEY=VALUE", help="Backend option (repeatable)."),
 ]
 
 
@@ -85,9 +97,21 @@ def _show_body(body: bytes, limit: int = 200) -> str:
 
 @app.command()
 def backends(
+    url: Annotated[
+        str | None,
+        typer.Option(
+            "--url",
+            metavar="URL",
+            help="Open this queue (no call is made) and show its own capabilities.",
+        ),
+    ] = None,
+    option: OptionList = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """List installed backends and their capabilities."""
+    """List the backends and what each guarantees (documented limits; --url: one queue's own)."""
+    if url is not None:
+        _run(lambda: _queue_capabilities(url, _parse_options(option), as_json))
+        return
     registry = default_registry()
     rows: list[dict[str, Any]] = []
     for name, spec in registry.specs().items():
@@ -98,58 +122,146 @@ def backends(
             row["installed"] = False
             row["hint"] = str(exc)
         else:
-            row["installed"] = True
+            missing = _missing_packages(spec.extra)
+            row["installed"] = not missing
+            if missing:
+                row["hint"] = f"needs {', '.join(missing)}: {spec.install_hint}"
             caps = getattr(cls, "capabilities", None)
-            row["capabilities"] = caps.as_dict() if caps is not None else None
+            row["capabilities"] = caps.as_dict() if isinstance(caps, Capabilities) else None
         rows.append(row)
     if as_json:
         console.print_json(json.dumps(rows))
         return
-    table = Table(title="leasekit backends")
-    for column in (
-        "backend",
-        "installed",
-        "lease (s)",
-        "batch",
-        "max body",
-        "stale receipts",
-        "description",
-    ):
-        table.add_column(column)
+    _print_backends(rows)
+
+
+def _print_backends(rows: list[dict[str, Any]]) -> None:
+    """The backends table, readable at 80 columns, then each one's description."""
+    table = Table(title="leasekit backends", title_justify="left")
+    table.add_column("backend", no_wrap=True)
+    table.add_column("lease", no_wrap=True)
+    table.add_column("batch", justify="right")
+    table.add_column("max body", justify="right", no_wrap=True)
+    table.add_column("stale receipt")
+    fixed = False
     for row in rows:
+        name = Text(row["name"], style="" if row["installed"] else "dim")
         caps = row.get("capabilities")
-        if caps:
-            lease = (
-                f"fixed {caps['fixed_lease']:g}"
-                if caps["fixed_lease"] is not None
-                else f"{caps['min_lease']:g}–{caps['max_lease']:g}"
-            )
-            batch, size = str(caps["max_receive_batch"]), f"{caps['max_message_size']:,}"
-            stale = "detected" if caps["detects_stale_receipts"] else "not detected"
+        if not caps:
+            table.add_row(name, "?", "?", "?", "?")
+            continue
+        if caps["fixed_lease"] is not None:
+            fixed = True
+            lease = f"fixed {_human_seconds(caps['fixed_lease'])} ¹"
         else:
-            lease = batch = size = stale = "-"
+            lease = f"{_human_seconds(caps['min_lease'])}–{_human_seconds(caps['max_lease'])}"
         table.add_row(
-            row["name"],
-            "yes" if row["installed"] else "[yellow]no[/]",
+            name,
             lease,
-            batch,
-            size,
-            stale,
-            row["description"] or row.get("hint", ""),
+            str(caps["max_receive_batch"]),
+            _human_bytes(caps["max_message_size"]),
+            "refused" if caps["detects_stale_receipts"] else "not detected ²",
         )
     console.print(table)
+    about = Table.grid(padding=(0, 2))
+    about.add_column(no_wrap=True)
+    about.add_column()
+    for row in rows:
+        about.add_row(row["name"], Text(row["description"] or ""))
+    console.print(about)
+    notes = [
+        "lease: shortest–longest lease per call (the keeper renews longer ones); batch: "
+        "most messages per receive. Cloud services: documented limits with default "
+        "options; one queue's own: leasekit backends --url URL.",
+    ]
+    if fixed:
+        notes.append("¹ the queue's lock duration (option lock_duration), renewed in steps.")
+    if any((row.get("capabilities") or {}).get("detects_stale_receipts") is False for row in rows):
+        notes.append(
+            "² the service accepts a stale receipt: leasekit's own clock reports the lease lost."
+        )
+    for row in rows:
+        if not row["installed"]:
+            notes.append(f"{row['name']} is not installed: {row.get('hint', '')}")
+    for note in notes:
+        console.print(Text(note, style="dim"))
+
+
+def _queue_capabilities(url: str, options: dict[str, Any], as_json: bool) -> None:
+    """Print one queue's capabilities (opening it makes no backend call)."""
+    with open_queue(url, **options) as queue:
+        caps = queue.capabilities.as_dict()
+        name = queue.name
+    if as_json:
+        console.print_json(json.dumps(caps))
+        return
+    table = Table(title=f"capabilities of queue {name}", title_justify="left")
+    table.add_column("capability", no_wrap=True)
+    table.add_column("value (s, bytes)")
+    for key, value in caps.items():
+        shown = ", ".join(value) if isinstance(value, list) else str(value)
+        table.add_row(key, Text(shown or "-"))
+    console.print(table)
+
+
+def _missing_packages(extra: str | None) -> list[str]:
+    """The distributions a backend's pip extra needs that are not installed ([] if unknown)."""
+    if extra is None:
+        return []
+    try:
+        requirements = importlib.metadata.requires("leasekit") or []
+    except importlib.metadata.PackageNotFoundError:  # running from a source tree
+        return []
+    missing = []
+    for requirement in requirements:
+        spec, _, marker = requirement.partition(";")
+        if f'extra == "{extra}"' not in marker.replace("'", '"'):
+            continue
+        match = re.match(r"[A-Za-z0-9._-]+", spec.strip())
+        if match is None:
+            continue
+        try:
+            importlib.metadata.version(match.group())
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(match.group())
+    return missing
+
+
+def _human_seconds(seconds: float) -> str:
+    """``0.01`` -> ``10 ms``, ``43200`` -> ``12 h``, ``604800`` -> ``7 d``."""
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("min", 60.0), ("s", 1.0)):
+        if seconds >= size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds * 1000:.3g} ms"
+
+
+def _human_bytes(size: int) -> str:
+    """``49152`` -> ``48 KiB``, ``1048576`` -> ``1 MiB``."""
+    for unit, step in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= step:
+            return f"{size / step:.4g} {unit}"
+    return f"{size} B"
 
 
 @app.command()
 def send(
-    url: Annotated[str, typer.Argument(help="Queue URL, e.g. sqlite:///jobs.db?queue=jobs")],
+    url: Annotated[
+        str, typer.Argument(metavar="URL", help="Queue URL, e.g. sqlite:///jobs.db?queue=jobs")
+    ],
     body: Annotated[
-        str | None, typer.Argument(help="Message body (UTF-8); '-' reads stdin.")
+        str | None, typer.Argument(metavar="BODY", help="Message body (UTF-8); '-' reads stdin.")
     ] = None,
-    prop: Annotated[list[str] | None, typer.Option("--property", "-p", help="KEY=VALUE")] = None,
-    delay: Annotated[float, typer.Option(help="Seconds before it is visible.")] = 0,
-    ttl: Annotated[float | None, typer.Option(help="Time-to-live in seconds.")] = None,
-    count: Annotated[int, typer.Option(help="Send the body this many times.")] = 1,
+    prop: Annotated[
+        list[str] | None,
+        typer.Option("--property", "-p", metavar="KEY=VALUE", help="A message property."),
+    ] = None,
+    delay: Annotated[
+        float, typer.Option(metavar="SECONDS", help="Seconds before it is visible.")
+    ] = 0,
+    ttl: Annotated[
+        float | None, typer.Option(metavar="SECONDS", help="Time-to-live in seconds.")
+    ] = None,
+    count: Annotated[int, typer.Option(metavar="N", help="Send the body this many times.")] = 1,
     create: Annotated[bool, typer.Option(help="Create the queue if missing.")] = False,
     option: OptionList = None,
 ) -> None:
@@ -168,12 +280,18 @@ def send(
 
 @app.command()
 def lease(
-    url: Annotated[str, typer.Argument(help="Queue URL.")],
-    max_messages: Annotated[int, typer.Option("--max", help="Most messages to lease.")] = 1,
-    duration: Annotated[float | None, typer.Option(help="Lease duration in seconds.")] = None,
-    wait: Annotated[float, typer.Option(help="Seconds to wait for a message.")] = 0,
+    url: Annotated[str, typer.Argument(metavar="URL", help="Queue URL.")],
+    max_messages: Annotated[
+        int, typer.Option("--max", metavar="N", help="Most messages to lease.")
+    ] = 1,
+    duration: Annotated[
+        float | None, typer.Option(metavar="SECONDS", help="Lease duration in seconds.")
+    ] = None,
+    wait: Annotated[
+        float, typer.Option(metavar="SECONDS", help="Seconds to wait for a message.")
+    ] = 0,
     settle: Annotated[
-        str, typer.Option(help="What to do after printing: complete, abandon or keep.")
+        str, typer.Option(metavar="ACTION", help="After printing: complete, abandon or keep.")
     ] = "abandon",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines.")] = False,
     option: OptionList = None,
@@ -188,9 +306,12 @@ def lease(
             leases = queue.lease(max_messages, duration=duration, wait=wait)
             if not leases:
                 err_console.print("no message")
-            table = Table(title=f"{len(leases)} leased from {queue.name}")
-            for column in ("id", "delivery", "enqueued", "expires", "properties", "body"):
-                table.add_column(column)
+            table = Table(title=f"{len(leases)} leased from {queue.name}", title_justify="left")
+            table.add_column("id", no_wrap=True)
+            table.add_column("#", justify="right")  # delivery count
+            table.add_column("age", justify="right", no_wrap=True)
+            table.add_column("expires", justify="right", no_wrap=True)
+            table.add_column("body (properties)", overflow="fold")
             for item in leases:
                 m = item.message
                 if as_json:
@@ -207,13 +328,17 @@ def lease(
                         )
                     )
                 else:
+                    body = Text(_show_body(m.body))
+                    if m.properties:
+                        shown = " ".join(f"{k}={v}" for k, v in m.properties.items())
+                        body.append(f"\n({shown})", style="dim")
+                    age = (datetime.now(UTC) - m.enqueued_at).total_seconds()
                     table.add_row(
                         m.id,
                         str(m.delivery_count),
-                        m.enqueued_at.isoformat(timespec="seconds"),
-                        item.expires_at.isoformat(timespec="seconds"),
-                        json.dumps(dict(m.properties)) if m.properties else "",
-                        _show_body(m.body),
+                        _human_seconds(max(age, 0.001)),
+                        f"in {_human_seconds(max(item.time_left, 0.001))}",
+                        body,
                     )
                 if settle == "complete":
                     item.complete()
@@ -227,7 +352,7 @@ def lease(
 
 @app.command()
 def stats(
-    url: Annotated[str, typer.Argument(help="Queue URL.")],
+    url: Annotated[str, typer.Argument(metavar="URL", help="Queue URL.")],
     option: OptionList = None,
 ) -> None:
     """Print visible / leased / delayed / dead-lettered / total counts, where known."""
@@ -247,17 +372,197 @@ def stats(
 
 
 @app.command()
+def consume(
+    url: Annotated[str, typer.Argument(metavar="URL", help="Queue URL.")],
+    handler: Annotated[
+        str,
+        typer.Option(
+            "--handler",
+            metavar="MODULE:FUNC",
+            help="Called with each message (sync or async): returning completes it, "
+            "raising abandons it.",
+        ),
+    ],
+    concurrency: Annotated[
+        int, typer.Option(metavar="N", help="Handlers at once (tasks if async).")
+    ] = 1,
+    lease_duration: Annotated[
+        float | None, typer.Option(metavar="SECONDS", help="Physical lease, kept renewed.")
+    ] = None,
+    max_deliveries: Annotated[
+        int | None, typer.Option(metavar="N", help="Dead-letter one delivered more than N times.")
+    ] = None,
+    until_idle: Annotated[
+        bool, typer.Option("--until-idle", help="Stop once the queue is drained.")
+    ] = False,
+    health_port: Annotated[
+        int | None,
+        typer.Option(metavar="PORT", help="Serve /livez and /readyz (0: any free port)."),
+    ] = None,
+    health_host: Annotated[
+        str, typer.Option(metavar="HOST", help="Health address (0.0.0.0: reachable outside).")
+    ] = "127.0.0.1",
+    create: Annotated[bool, typer.Option("--create", help="Create the queue if missing.")] = False,
+    option: OptionList = None,
+) -> None:
+    """Run a worker on a queue: lease, keep alive, handle, settle.
+
+    MODULE is imported from the current directory or the installed packages.
+    Ctrl-C or SIGTERM stops it gracefully: handlers finish, unstarted messages
+    go back to the queue.
+    """
+
+    def go() -> ConsumerStats:
+        function = _load_handler(handler)
+        options = _parse_options(option)
+        settings: dict[str, Any] = {
+            "concurrency": concurrency,
+            "lease_duration": lease_duration,
+            "max_deliveries": max_deliveries,
+        }
+        call = getattr(function, "__call__", None)  # noqa: B004 - an object with an async __call__
+        if inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(call):
+            return asyncio.run(_consume_async(url, function, options, settings))
+        with open_queue(url, create=create, **options) as queue:
+            consumer = Consumer(queue, function, **settings)
+            with _health_endpoint(consumer, health_host, health_port, queue.name, handler):
+                return consumer.run(until_idle=until_idle)
+
+    async def _consume_async(
+        url: str, function: Any, options: dict[str, Any], settings: dict[str, Any]
+    ) -> ConsumerStats:
+        from . import aio
+
+        async with aio.open(url, create=create, **options) as queue:
+            consumer = aio.AsyncConsumer(queue, function, **settings)
+            with _health_endpoint(consumer, health_host, health_port, queue.name, handler):
+                return await consumer.run(until_idle=until_idle)
+
+    stats = _run(go)
+    table = Table(title="consumer stopped", title_justify="left")
+    table.add_column("messages")
+    table.add_column("", justify="right")
+    for key, value in stats.as_dict().items():
+        if isinstance(value, int) and (value or key in ("received", "completed")):
+            table.add_row(key.replace("_", " "), f"{value:,}")
+    console.print(table)
+
+
+@contextlib.contextmanager
+def _health_endpoint(
+    consumer: Any, host: str, port: int | None, queue: str, handler: str
+) -> Iterator[None]:
+    """Serve ``consumer``'s health while the block runs (if a port is given); say so on stderr."""
+    err_console.print(f"consuming {queue!r} with {handler}", highlight=False)
+    if port is None:
+        yield
+        return
+    with HealthServer(consumer, host=host, port=port) as server:
+        err_console.print(f"health: {server.url}/livez and {server.url}/readyz", highlight=False)
+        yield
+
+
+def _load_handler(spec: str) -> Callable[..., Any]:
+    """Import ``module:attribute[.attribute]``; the current directory comes first, as for python -m.
+
+    Raises:
+        InvalidArgument: a malformed spec, a module that fails to import, a missing
+            or non-callable attribute.
+    """
+    module_name, sep, path = spec.partition(":")
+    if not sep or not module_name or not path:
+        raise errors.InvalidArgument(f"--handler takes MODULE:FUNCTION, got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception as exc:
+        raise errors.InvalidArgument(f"--handler: cannot import {module_name!r}: {exc!r}") from exc
+    for part in path.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise errors.InvalidArgument(
+                f"--handler: {module_name!r} has no attribute {path!r}"
+            ) from None
+    if not callable(target):
+        raise errors.InvalidArgument(f"--handler: {spec} is not callable")
+    return cast(Callable[..., Any], target)
+
+
+@app.command()
+def watch(
+    url: Annotated[str, typer.Argument(metavar="URL", help="Queue URL.")],
+    metrics: Annotated[
+        str | None,
+        typer.Option(
+            metavar="URL",
+            help="A consumer's Prometheus endpoint, e.g. http://host:9464/metrics.",
+        ),
+    ] = None,
+    interval: Annotated[
+        float, typer.Option(metavar="SECONDS", help="Seconds between samples.")
+    ] = 2.0,
+    once: Annotated[
+        bool,
+        typer.Option("--once", help="Print one frame (two samples for the rates) and exit."),
+    ] = False,
+    option: OptionList = None,
+) -> None:
+    """Watch a queue's counts and rates live, and a consumer's leases with --metrics."""
+    from rich.live import Live
+
+    from .watch import WatchView, fetch_metrics, sample_queue
+
+    if not (isinstance(interval, float | int) and 0.1 <= interval <= 3600):
+        err_console.print("[bold red]error:[/] --interval must be 0.1 to 3600 seconds")
+        raise typer.Exit(2)
+
+    def go() -> None:
+        with open_queue(url, **_parse_options(option)) as queue:
+            view = WatchView(
+                f"{queue.name} ({queue.driver.scheme})",
+                queue.capabilities.counted if queue.capabilities.queue_stats else frozenset(),
+                metrics_url=metrics,
+                interval=interval,
+            )
+
+            def sample() -> None:
+                view.add(sample_queue(queue), fetch_metrics(metrics) if metrics else None)
+
+            sample()
+            if once:
+                time.sleep(interval)
+                sample()
+                console.print(view.render())
+                if view.queue[-1].error is not None:
+                    raise typer.Exit(1)
+                return
+            try:
+                with Live(view.render(), console=console, auto_refresh=False) as live:
+                    while True:
+                        time.sleep(interval)
+                        sample()
+                        live.update(view.render(), refresh=True)
+            except KeyboardInterrupt:
+                return
+
+    _run(go)
+
+
+@app.command()
 def conformance(
-    url: Annotated[str, typer.Argument(help="Backend URL or name to test.")],
+    url: Annotated[str, typer.Argument(metavar="URL", help="Backend URL or name to test.")],
     option: OptionList = None,
     json_out: Annotated[
-        Path | None, typer.Option("--json", help="Write the matrix as JSON.")
+        Path | None, typer.Option("--json", metavar="PATH", help="Write the matrix as JSON.")
     ] = None,
     markdown: Annotated[
-        Path | None, typer.Option("--markdown", help="Write the matrix as Markdown.")
+        Path | None,
+        typer.Option("--markdown", metavar="PATH", help="Write the matrix as Markdown."),
     ] = None,
     select: Annotated[
-        str | None, typer.Option("-k", help="Only tests matching (pytest -k).")
+        str | None, typer.Option("-k", metavar="EXPR", help="Only tests matching (pytest -k).")
     ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show pytest output.")] = False,
     use_async: Annotated[
@@ -344,7 +649,7 @@ def demo(
         ),
     ] = None,
     directory: Annotated[
-        str | None, typer.Option("--dir", help="Keep the SQLite files here.")
+        str | None, typer.Option("--dir", metavar="DIR", help="Keep the SQLite files here.")
     ] = None,
 ) -> None:
     """Workers killed mid-message; every message processed, none lost (embedded SQLite).
@@ -390,14 +695,17 @@ def demo(
 
 @app.command("spark-demo")
 def spark_demo(
-    messages: Annotated[int, typer.Option(help="Sensor readings to send.")] = 2000,
-    batch: Annotated[int, typer.Option(help="Messages per micro-batch.")] = 500,
-    fail_batch: Annotated[int, typer.Option(help="Micro-batch that fails once (-1: none).")] = 1,
+    messages: Annotated[int, typer.Option(metavar="N", help="Sensor readings to send.")] = 2000,
+    batch: Annotated[int, typer.Option(metavar="N", help="Messages per micro-batch.")] = 500,
+    fail_batch: Annotated[
+        int, typer.Option(metavar="N", help="Micro-batch that fails once (-1: none).")
+    ] = 1,
     directory: Annotated[
-        str | None, typer.Option("--dir", help="Keep the queue, checkpoint and Parquet here.")
+        str | None,
+        typer.Option("--dir", metavar="DIR", help="Keep the queue, checkpoint and Parquet here."),
     ] = None,
 ) -> None:
-    """Queue → Spark stream → aggregate in Parquet, with a failure: nothing lost (needs [spark])."""
+    r"""Queue → Spark stream → Parquet, with a failure: nothing lost (needs \[spark])."""
     from leasekit.plugins.spark.cli import spark_demo as run
 
     ok = run(

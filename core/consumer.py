@@ -15,6 +15,7 @@ from typing import Any
 
 from . import errors
 from .duration_policy import LeaseDurationPolicy
+from .health import Health, HealthLimits, WorkerPulse, assess
 from .idempotency import IdempotencyStore
 from .keeper import LeaseKeeper
 from .lease import Lease
@@ -39,6 +40,8 @@ _log = logging.getLogger("leasekit.consumer")
 
 #: How long one lease call waits for messages; bounds how fast ``stop()`` is noticed.
 LEASE_WAIT = 1.0
+#: How long the receive loop waits at a time for room in the buffer.
+ROOM_WAIT = 0.5
 
 
 @dataclass
@@ -323,6 +326,7 @@ class Consumer:
         self._closing = False
         self._shutting_down = False
         self._shutdown_deadline: float | None = None  # set while stopping
+        self._pulse = WorkerPulse()  # what the receive loop did last, for health()
 
     # ------------------------------------------------------------------ public
 
@@ -333,6 +337,17 @@ class Consumer:
             snapshot = replace(self._stats)
         snapshot.lease_duration = dict(self.duration_policy.figures())
         return snapshot
+
+    def health(self, limits: HealthLimits | None = None) -> Health:
+        """Liveness and readiness, measured now (any thread; see :mod:`leasekit.health`).
+
+        Live while the receive loop comes back when it said it would and the
+        keeper's scheduler keeps its heartbeat with no renewal overdue for longer
+        than ``limits.stuck_after``; ready while live and the last receive
+        reached the queue. Serve it with :class:`leasekit.health.HealthServer`.
+        """
+        keeper = self._keeper
+        return assess(self._pulse, None if keeper is None else keeper.progress(), limits)
 
     def stop(self) -> None:
         """Ask ``run()`` to stop: no new leases; in-flight handlers get the grace period."""
@@ -367,6 +382,7 @@ class Consumer:
         self._nested_hooks = self.queue.events.observed("leasekit_before_process")
         keeper = self._keeper or LeaseKeeper()
         self._keeper = keeper
+        self._pulse.begin()
         workers = _start_threads(
             "leasekit-worker", range(self.concurrency), lambda i: self._work(i, keeper)
         )
@@ -385,6 +401,7 @@ class Consumer:
             if self._receiver_errors:
                 raise self._receiver_errors[0]
         finally:
+            self._pulse.stopping()
             self.queue.events.emit(
                 "leasekit_worker_event", name="stopping", details=self._details()
             )
@@ -395,6 +412,7 @@ class Consumer:
             restore()
             with self._lock:
                 self._running = False
+            self._pulse.end()
             self.queue.events.emit("leasekit_worker_event", name="stopped", details=self._details())
         return self.stats
 
@@ -408,13 +426,16 @@ class Consumer:
         # time turns every completion into a receive call.
         refill = max(1, min(batch, limit // 2))
         failures = 0  # receives failed in a row
+        pulse = self._pulse
         while not self._stop.is_set():
+            pulse.expect(ROOM_WAIT)
             with self._lock:
                 while (
                     len(self._buffer) + len(self._started) + self._reserved > limit - refill
                     and not self._stop.is_set()
                 ):
-                    self._lock.wait(0.5)
+                    pulse.expect(ROOM_WAIT)
+                    self._lock.wait(ROOM_WAIT)
                 if self._stop.is_set():
                     return
                 outstanding = len(self._buffer) + len(self._started) + self._reserved
@@ -422,8 +443,10 @@ class Consumer:
                 self._reserved += want
             try:
                 duration = self._duration()
+                pulse.receiving(LEASE_WAIT, LEASE_WAIT + self.queue.call_timeout)
                 leases = self.queue.lease(want, duration=duration, wait=LEASE_WAIT)
             except errors.BackendUnavailable as exc:
+                pulse.failed(exc)
                 failures += 1
                 self._count("receive_errors")
                 pause = receive_pause(failures)
@@ -435,16 +458,19 @@ class Consumer:
                         pause,
                         exc,
                     )
+                pulse.expect(pause)
                 self._stop.wait(pause)
                 continue
             except errors.LeaseError as exc:
                 # Not transient (authentication, queue not found, ...): retrying cannot help.
+                pulse.failed(exc)
                 _log.error("consumer of %r stops: receiving failed: %s", self.queue.name, exc)
                 raise
             finally:
                 with self._lock:
                     self._reserved -= want
                     self._lock.notify_all()
+            pulse.received()
             if failures:
                 _log.info("receiving from %r works again", self.queue.name)
                 failures = 0

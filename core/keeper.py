@@ -19,6 +19,12 @@ detect stale receipts, a renewal that returns after the deadline counts as
 lost too. No lock is held across a network call, so ``lease.complete()`` and
 ``lease.lost`` never wait for a hung renewal, and :meth:`LeaseKeeper.stop`
 returns within ``stop_timeout`` seconds, cancelling queued renewals.
+
+Progress is measured, not guessed (:meth:`LeaseKeeper.progress`, for health
+checks): the scheduler stamps a heartbeat each time it wakes, at least every
+``HEARTBEAT`` seconds, and each lease remembers the renewal point it is waiting
+on, so "renewals due but not done, and for how long" is read off the held
+leases when asked, at no cost to the renewals themselves.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from .message import LeaseState
 from .options import MAX_SECONDS, as_items, check_callable, check_int, check_number
 from .queue import Queue
 
-__all__ = ["KeeperStats", "LeaseKeeper"]
+__all__ = ["KeeperProgress", "KeeperStats", "LeaseKeeper"]
 
 _log = logging.getLogger("leasekit.keeper")
 
@@ -54,6 +60,9 @@ COALESCE = 0.05
 JITTER = 0.1
 #: Default for ``stop_timeout``: how long ``stop()`` waits for renewal calls in flight.
 STOP_TIMEOUT = 2.0
+#: The scheduler wakes at least this often, idle or not, and stamps its heartbeat:
+#: a heartbeat older than this (plus scheduling noise) means the scheduler is stuck.
+HEARTBEAT = 1.0
 
 
 @dataclass
@@ -77,6 +86,24 @@ class KeeperStats:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+@dataclass(frozen=True)
+class KeeperProgress:
+    """Whether a keeper makes progress, measured when asked (see :meth:`LeaseKeeper.progress`)."""
+
+    #: The scheduler thread runs (started, not stopped, alive).
+    running: bool
+    #: Seconds since the scheduler last woke (it wakes at least every ``HEARTBEAT``
+    #: seconds); ``None`` before it started.
+    heartbeat_age: float | None
+    #: Leases being kept alive.
+    held: int
+    #: Renewals past their renewal point and not done: not yet dispatched, queued,
+    #: in flight or retrying after a failure.
+    overdue: int
+    #: Seconds the oldest of them has waited past its renewal point (0.0 if none).
+    oldest_overdue: float
+
+
 @dataclass(eq=False)
 class _Held:
     lease: Lease
@@ -91,6 +118,9 @@ class _Held:
     failures: int = 0
     #: The renewal point the entry was dispatched for (for lateness).
     planned: float = 0.0
+    #: The renewal point it has waited on since its last successful renewal (kept
+    #: across retries): how overdue its renewal is.
+    since: float = 0.0
 
 
 @dataclass(eq=False)
@@ -229,6 +259,7 @@ class LeaseKeeper:
         self._cond = threading.Condition()
         self._state = "new"
         self._thread: threading.Thread | None = None
+        self._heartbeat: float | None = None  # monotonic; written by the scheduler only
 
     def __repr__(self) -> str:
         return f"<LeaseKeeper {self._state} holding={len(self._held)}>"
@@ -402,6 +433,35 @@ class LeaseKeeper:
     def __len__(self) -> int:
         return len(self._held)
 
+    # --------------------------------------------------------------- progress
+
+    def progress(self) -> KeeperProgress:
+        """Measure whether the keeper makes progress (for health checks; any thread).
+
+        Takes no lock the scheduler needs: it reads the heartbeat and a snapshot
+        of the held leases (one pass over them, only when asked), so a stuck
+        keeper can still be asked, and asking never delays a renewal.
+        """
+        now = time.monotonic()
+        thread = self._thread
+        heartbeat = self._heartbeat
+        helds = list(self._held.values())  # one atomic copy; no lock taken
+        overdue = 0
+        oldest = 0.0
+        for held in helds:
+            waiting = held.since if held.in_flight or held.failures else held.due
+            late = now - waiting
+            if late > 0:
+                overdue += 1
+                oldest = max(oldest, late)
+        return KeeperProgress(
+            running=self._state == "running" and thread is not None and thread.is_alive(),
+            heartbeat_age=None if heartbeat is None else max(0.0, now - heartbeat),
+            held=len(helds),
+            overdue=overdue,
+            oldest_overdue=oldest,
+        )
+
     # ------------------------------------------------------------- scheduling
 
     def _first_due(self, lease: Lease) -> float:
@@ -460,6 +520,7 @@ class LeaseKeeper:
         keys = self._keys
         while self._state == "running":
             now = time.monotonic()
+            self._heartbeat = now
             limit = int((now + COALESCE) / TICK)
             if keys and keys[0] <= limit:
                 due: list[_Held | _Flight] = []
@@ -471,8 +532,8 @@ class LeaseKeeper:
                         elif entry.active and entry.generation == generation:
                             due.append(entry)
                 return due
-            timeout = keys[0] * TICK - COALESCE - now if keys else None
-            self._cond.wait(timeout)
+            timeout = keys[0] * TICK - COALESCE - now if keys else HEARTBEAT
+            self._cond.wait(min(timeout, HEARTBEAT))
         return None
 
     def _sort_due(self, due: list[_Held | _Flight]) -> tuple[list[_Held], list[_Held]]:
@@ -539,6 +600,8 @@ class LeaseKeeper:
                     for held in batch:
                         held.in_flight = True
                         held.planned = held.due
+                        if not held.failures:
+                            held.since = held.due
                     flight = _Flight(batch, min(held.lease.deadline for held in batch))
                     self._push(flight)  # the watchdog of the batch's deadlines
                     lane.submit(partial(self._renew, flight, seconds))

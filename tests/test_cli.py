@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
+import typer
+from rich.text import Text
 from typer.testing import CliRunner
 
 from leasekit.cli import app
@@ -70,3 +81,187 @@ def test_conformance_prints_the_matrix_and_writes_markdown_and_json(tmp_path: Pa
     data = json.loads(js.read_text())
     assert data["backend"] == "memory"
     assert data["properties"]["batch receive limits"]["result"] == "skipped"
+
+
+# ---------------------------------------------------------- what a newcomer sees first
+
+
+def _commands() -> list[tuple[str, Any]]:
+    """The CLI's commands by name (typer's click objects)."""
+    return sorted(typer.main.get_command(app).commands.items())  # type: ignore[attr-defined]
+
+
+def test_no_help_text_loses_words_to_rich_markup() -> None:
+    """Help is rendered as rich markup: a bare ``[spark]`` would vanish from it."""
+    texts = [typer.main.get_command(app).help or ""]
+    for _, command in _commands():
+        texts.append(command.help or "")
+        texts += [getattr(param, "help", None) or "" for param in command.params]
+    for text in texts:
+        assert Text.from_markup(text).plain == text.replace("\\[", "["), text
+
+
+@pytest.mark.parametrize("args", [[], *([name] for name, _ in _commands())])
+def test_every_help_page_fits_80_columns(args: list[str]) -> None:
+    result = runner.invoke(app, [*args, "--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert max(len(line) for line in result.output.splitlines()) <= 80
+    if not args:
+        assert "(needs [spark])" in result.output
+
+
+def test_backends_shows_every_backends_limits_at_80_columns() -> None:
+    result = runner.invoke(app, ["backends"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    rows = {line.split("│")[1].strip(): line for line in lines if line.startswith("│ ")}
+    # The cloud services' documented limits, known without credentials.
+    assert "1 s–12 h" in rows["aws-sqs"] and "not detected" in rows["aws-sqs"]
+    assert "fixed 1 min" in rows["azure-service-bus"]
+    assert "1 s–7 d" in rows["azure-storage-queue"] and "48 KiB" in rows["azure-storage-queue"]
+    assert "16" in rows["aliyun-mns"] and "refused" in rows["aliyun-mns"]
+    assert all(" - " not in row for row in rows.values())
+
+
+def test_backends_json_has_capabilities_for_every_builtin_backend() -> None:
+    result = runner.invoke(app, ["backends", "--json"])
+    rows = {row["name"]: row for row in json.loads(result.output)}
+    for name in ("aliyun-mns", "aws-sqs", "azure-service-bus", "azure-storage-queue"):
+        assert rows[name]["capabilities"]["max_receive_batch"] > 1, name
+        assert rows[name]["installed"] is True  # the test venv has every SDK
+    assert rows["azure-service-bus"]["capabilities"]["fixed_lease"] == 60.0
+
+
+def test_backends_url_shows_one_queues_own_capabilities() -> None:
+    small = runner.invoke(
+        app, ["backends", "--url", "memory://caps", "-o", "max_message_size=1000", "--json"]
+    )
+    assert small.exit_code == 0, small.output
+    assert json.loads(small.output)["max_message_size"] == 1000
+    table = runner.invoke(app, ["backends", "--url", "memory://caps"], env={"COLUMNS": "80"})
+    assert table.exit_code == 0 and "max_message_size" in table.output
+    assert "262144" in table.output
+    bad = runner.invoke(app, ["backends", "--url", "kafka://x"])
+    assert bad.exit_code == 2
+
+
+# ------------------------------------------------------------------- consume
+
+HANDLERS = """
+import asyncio
+from pathlib import Path
+
+def record(message):
+    with open(Path(__file__).with_name("done.txt"), "ab") as out:
+        out.write(message.body + b"\\n")
+
+async def record_async(message):
+    await asyncio.sleep(0)
+    record(message)
+
+not_callable = 3
+"""
+
+
+#: ``leasekit consume`` run as its own process (signals, a health port).
+CONSUME = [sys.executable, "-m", "leasekit.cli", "consume"]
+
+
+def _wait_for(condition, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
+
+
+def test_consume_runs_a_handler_serves_health_and_stops_gracefully_on_sigterm(
+    tmp_path: Path, url: str
+) -> None:
+    (tmp_path / "handlers.py").write_text(HANDLERS)
+    assert runner.invoke(app, ["send", url, "one", "--create"]).exit_code == 0
+    process = subprocess.Popen(
+        [*CONSUME, url, "--handler", "handlers:record", "--health-port", "0"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLUMNS": "80"},
+    )
+    try:
+        assert process.stderr is not None
+        banner = process.stderr.readline() + process.stderr.readline()
+        match = re.search(r"health: (http://[\d.:]+)/livez", banner)
+        assert match, banner
+        base = match.group(1)
+        _wait_for(lambda: _status(f"{base}/readyz") == 200, 10, "the consumer to be ready")
+        assert _status(f"{base}/livez") == 200
+        assert runner.invoke(app, ["send", url, "two"]).exit_code == 0
+        done = tmp_path / "done.txt"
+        _wait_for(lambda: done.exists() and len(done.read_text().split()) == 2, 10, "both")
+        process.send_signal(signal.SIGTERM)
+        out, _ = process.communicate(timeout=20)
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode == 0, out
+    assert sorted(done.read_text().split()) == ["one", "two"]
+    assert re.search(r"completed\s+│\s+2", out), out
+
+
+def test_consume_runs_an_async_handler_until_idle(tmp_path: Path, url: str) -> None:
+    (tmp_path / "handlers.py").write_text(HANDLERS)
+    runner.invoke(app, ["send", url, "a", "--create", "--count", "3"])
+    result = subprocess.run(
+        [*CONSUME, url, "--handler", "handlers:record_async", "--until-idle", "--concurrency", "4"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "done.txt").read_text().split() == ["a", "a", "a"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("handlers", "MODULE:FUNCTION"),
+        ("no_such_module:f", "cannot import 'no_such_module'"),
+        ("handlers:missing", "has no attribute 'missing'"),
+        ("handlers:not_callable", "is not callable"),
+    ],
+)
+def test_consume_refuses_a_bad_handler_before_opening_the_queue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spec: str, message: str
+) -> None:
+    (tmp_path / "handlers.py").write_text(HANDLERS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = runner.invoke(app, ["consume", "kafka://nowhere", "--handler", spec])
+    assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_lease_shows_whole_ids_and_bodies_at_80_columns(url: str) -> None:
+    runner.invoke(app, ["send", url, "[bold]not markup[/] " + "x" * 100, "--create", "-p", "k=v"])
+    result = runner.invoke(app, ["lease", url], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    leased = runner.invoke(app, ["lease", url, "--json"])
+    message_id = json.loads(leased.output.splitlines()[0])["id"]
+    assert message_id in result.output  # never cut short
+    assert "[bold]not markup[/]" in result.output and "(k=v)" in result.output
+    assert result.output.count("x") >= 100

@@ -8,8 +8,10 @@ import time
 import pytest
 
 import leasekit
-from leasekit import errors
+from leasekit import KeeperProgress, errors
 from leasekit.backends.memory import MemoryDriver
+from leasekit.deadline import call_timeout
+from leasekit.keeper import HEARTBEAT
 from leasekit.queue import Queue
 from leasekit.spi import DriverError, ErrorCode
 
@@ -203,3 +205,112 @@ def test_add_many_with_a_settled_lease_adds_none(queue: Queue) -> None:
             keeper.add_many([first, second])
         assert len(keeper) == 0
     first.complete()
+
+
+# ------------------------------------------------------------------ progress
+
+
+def _sample(keeper: leasekit.LeaseKeeper, seconds: float) -> list[leasekit.KeeperProgress]:
+    """Progress read every 10 ms for ``seconds``."""
+    samples = []
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        samples.append(keeper.progress())
+        time.sleep(0.01)
+    return samples
+
+
+def _wait_for(condition, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.01)
+
+
+def test_progress_of_a_working_keeper_shows_a_fresh_heartbeat_and_nothing_overdue(
+    queue: Queue,
+) -> None:
+    keeper = leasekit.LeaseKeeper()
+    assert keeper.progress() == KeeperProgress(
+        running=False, heartbeat_age=None, held=0, overdue=0, oldest_overdue=0.0
+    )
+    with keeper:
+        # Idle, the scheduler still wakes every HEARTBEAT seconds.
+        idle = _sample(keeper, HEARTBEAT + 0.3)
+        queue.send(b"x")
+        [lease] = queue.lease(1, duration=0.4)
+        with keeper.hold(lease):
+            busy = _sample(keeper, 1.0)  # several renewals
+            lease.complete()
+    assert all(p.running for p in idle + busy)
+    assert max(p.heartbeat_age or 0 for p in idle) <= HEARTBEAT + 0.25
+    assert all(p.held == 1 for p in busy) and keeper.stats.renewed >= 2
+    assert max(p.oldest_overdue for p in busy) < 0.25
+    assert not keeper.progress().running
+
+
+class _Hanging(MemoryDriver):
+    """Renewals hang until released (or until core's deadline for the call), like a dead link."""
+
+    def __init__(self, queue: str) -> None:
+        super().__init__(queue=queue)
+        self.hang = threading.Event()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def change_visibility(self, receipts, seconds):  # type: ignore[no-untyped-def]
+        if self.hang.is_set():
+            self.entered.set()
+            self.release.wait(call_timeout())
+        return super().change_visibility(receipts, seconds)
+
+
+def test_progress_shows_a_renewal_that_hangs_as_overdue_until_it_returns() -> None:
+    driver = _Hanging(queue=f"hang-{time.monotonic_ns()}")
+    queue = Queue(driver)
+    queue.create()
+    queue.send(b"x")
+    [lease] = queue.lease(1, duration=2.0)  # renewed ~1.4 s in
+    driver.hang.set()
+    with leasekit.LeaseKeeper() as keeper, keeper.hold(lease):
+        assert driver.entered.wait(3), "the renewal was not attempted"
+        _wait_for(lambda: keeper.progress().oldest_overdue > 0.3, 2, "the renewal to be overdue")
+        stuck = keeper.progress()
+        assert stuck.overdue == 1 and stuck.running
+        assert (stuck.heartbeat_age or 0) < HEARTBEAT + 0.25  # the scheduler itself is fine
+        driver.hang.clear()
+        driver.release.set()
+        _wait_for(lambda: keeper.stats.renewed >= 1, 2, "the renewal to return")
+        _wait_for(lambda: keeper.progress().overdue == 0, 1, "nothing overdue")
+        lease.complete()
+    assert keeper.stats.lost == 0
+
+
+def test_progress_shows_a_stuck_scheduler_by_its_heartbeat_then_its_recovery(
+    queue: Queue,
+) -> None:
+    blocked, release = threading.Event(), threading.Event()
+
+    def on_lost(lease: leasekit.Lease, error: errors.LeaseLost) -> None:
+        blocked.set()
+        release.wait(10)  # a callback that hangs: on the scheduler's thread
+
+    queue.send_many([b"kept", b"expired"])
+    kept = queue.lease(1, duration=2.0)[0]
+    expired = queue.lease(1, duration=0.05)[0]
+    _wait_for(lambda: expired.time_left <= 0, 1, "the short lease to end")
+    with leasekit.LeaseKeeper(on_lost=on_lost) as keeper:
+        keeper.add(kept)
+        keeper.add(expired)  # found lost at once: on_lost blocks the scheduler
+        assert blocked.wait(2)
+        _wait_for(lambda: keeper.progress().oldest_overdue > 0.2, 3, "a renewal to be overdue")
+        stuck = keeper.progress()
+        assert stuck.running and (stuck.heartbeat_age or 0) > HEARTBEAT
+        release.set()
+        _wait_for(
+            lambda: (keeper.progress().heartbeat_age or 9) < 0.5 and keeper.progress().overdue == 0,
+            2,
+            "the scheduler to run again",
+        )
+    queue.complete_many([kept])
