@@ -12,9 +12,9 @@ hits them alike):
 
 - ``off``: the plugin not registered (what every install without a configured
   SDK gets: no hook is implemented, core skips the events);
-- ``hooks``: a plugin with empty ``leasekit_before_process``/``after_process``
-  hooks and nothing else: what the Consumer's nested-hook mode (one message per
-  worker at a time, for a per-thread context) costs by itself;
+- ``hooks``: a plugin with the hooks the otel plugin implements around a
+  handler (``leasekit_before_handle``/``after_handle``, ``after_process``), all
+  empty: what emitting the per-message events costs by itself;
 - ``metrics``: ``instrument(tracing=False)`` with an SDK ``MeterProvider``
   (metrics recorded, never exported during the turn): no spans, no trace context;
 - ``sampled``: as ``noop`` below with the sampler ``ParentBased(TraceIdRatioBased(0.01))``
@@ -74,11 +74,15 @@ SEND_BATCH = 500
 CPU: list[float] = []
 
 
-class ProcessHooks:
-    """Empty ``before_``/``after_process`` hooks: what the Consumer's nested mode costs alone."""
+class HandleHooks:
+    """Empty per-message hooks, the ones the otel plugin uses: the cost of the events alone."""
 
     @leasekit.hookimpl
-    def leasekit_before_process(self, lease: leasekit.Lease) -> None:
+    def leasekit_before_handle(self, lease: leasekit.Lease) -> None:
+        pass
+
+    @leasekit.hookimpl
+    def leasekit_after_handle(self, lease: leasekit.Lease) -> None:
         pass
 
     @leasekit.hookimpl
@@ -103,7 +107,7 @@ def mode(name: str) -> Iterator[dict[str, Any]]:
     if name == "hooks":
         otel.uninstrument()
         registry = default_registry()
-        registry.register_plugin(ProcessHooks(), name="bench-hooks")
+        registry.register_plugin(HandleHooks(), name="bench-hooks")
         try:
             yield {}
         finally:
