@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_asyncio.py loop --backend sqlite --messages 3000 --turns 5
     .venv/bin/python benchmarks/bench_asyncio.py loop --backend mns --messages 2000 --turns 5
+    .venv/bin/python benchmarks/bench_asyncio.py loop --backend mns --latency-ms 0.5 --messages 1000
     .venv/bin/python benchmarks/bench_asyncio.py consumers --concurrency 200 --io 0.05
     .venv/bin/python benchmarks/bench_asyncio.py blocked --backend sqlite
     .venv/bin/python benchmarks/bench_asyncio.py blocked --backend servicebus
@@ -40,7 +41,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +55,43 @@ HERE = Path(__file__).resolve().parent
 # ------------------------------------------------------------------- backends
 
 
+# The tests' fault proxy, run in a child process so its forwarding does not share
+# this process's GIL with the loops being measured.
+_PROXY = (
+    "import sys\n"
+    "from tests._fixtures.fault_proxy import FaultProxy\n"
+    "proxy = FaultProxy('127.0.0.1', int(sys.argv[1]), name='latency').start()\n"
+    "proxy.latency = float(sys.argv[2])\n"
+    "print(proxy.port, flush=True)\n"
+    "sys.stdin.read()\n"
+)
+
+
 @contextmanager
-def backend(kind: str) -> Iterator[Callable[[str], dict[str, Any]]]:
-    """Yield ``options(queue_name) -> open() keyword arguments`` for ``kind``."""
+def latency_proxy(port: int, seconds: float) -> Iterator[int]:
+    """Yield the port of a proxy to ``port`` that delays each chunk ``seconds`` each way."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", _PROXY, str(port), str(seconds)],
+        cwd=HERE.parent,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        yield int(child.stdout.readline())
+    finally:
+        child.terminate()
+        child.wait(10)
+
+
+@contextmanager
+def backend(kind: str, latency: float = 0.0) -> Iterator[Callable[[str], dict[str, Any]]]:
+    """Yield ``options(queue_name) -> open() keyword arguments`` for ``kind``.
+
+    ``latency`` (MNS only): seconds the tests' fault proxy adds to each forwarded
+    chunk in both directions, a stand-in for a network round trip.
+    """
     if kind == "sqlite":
         with tempfile.TemporaryDirectory() as tmp:
             yield lambda name: {"target": "sqlite", "path": f"{tmp}/bench.db", "queue": name}
@@ -71,7 +106,10 @@ def backend(kind: str) -> Iterator[Callable[[str], dict[str, Any]]]:
         argv = python_module(
             "leasekit.emulators.mns", "--port", str(port), "--log-level", "WARNING"
         )
-        with ServerProcess(argv, port, env=env, name="mns-emulator"):
+        with ExitStack() as stack:
+            stack.enter_context(ServerProcess(argv, port, env=env, name="mns-emulator"))
+            if latency > 0:
+                port = stack.enter_context(latency_proxy(port, latency))
             endpoint = f"http://127.0.0.1:{port}"
             yield lambda name: {
                 "target": "aliyun-mns",
@@ -132,10 +170,10 @@ async def async_drain(queue: leasekit.aio.AsyncQueue, total: int) -> float:
     return time.perf_counter() - start
 
 
-def run_loops(kind: str, messages: int, turns: int) -> None:
+def run_loops(kind: str, messages: int, turns: int, latency: float = 0.0) -> None:
     rates: dict[str, list[float]] = {"sync": [], "async": []}
     ratios: list[float] = []
-    with backend(kind) as options:
+    with backend(kind, latency) as options:
         for turn in range(turns):
             order = ["sync", "async"] if turn % 2 == 0 else ["async", "sync"]
             got: dict[str, float] = {}
@@ -158,8 +196,9 @@ def run_loops(kind: str, messages: int, turns: int) -> None:
                 f"msg/s, ratio {ratios[-1]:.2f}",
                 flush=True,
             )
+    label = f"{kind} (+{latency * 1000:g} ms each way)" if latency else kind
     print(
-        f"{kind}: sync median {statistics.median(rates['sync']):,.0f} msg/s, async median "
+        f"{label}: sync median {statistics.median(rates['sync']):,.0f} msg/s, async median "
         f"{statistics.median(rates['async']):,.0f} msg/s; async/sync median "
         f"{statistics.median(ratios):.2f} (range {min(ratios):.2f}-{max(ratios):.2f}, "
         f"{turns} turns)"
@@ -309,6 +348,10 @@ def blocked_autolockrenewer(opts: dict[str, Any], messages: int) -> dict[str, in
 
     async def main() -> dict[str, int]:
         lost_during: list[str] = []
+
+        async def renewal_failed(message: Any, error: Exception | None) -> None:
+            lost_during.append(str(message.message_id))  # the aio renewer awaits this
+
         async with ServiceBusClient.from_connection_string(opts["connection_string"]) as client:
             async with client.get_queue_sender(opts["queue"]) as sender:
                 await sender.send_messages([ServiceBusMessage(b"%d" % i) for i in range(messages)])
@@ -322,7 +365,7 @@ def blocked_autolockrenewer(opts: dict[str, Any], messages: int) -> dict[str, in
                     renewer.register(
                         receiver,
                         message,
-                        on_lock_renew_failure=lambda m, e: lost_during.append(str(m.message_id)),
+                        on_lock_renew_failure=renewal_failed,
                     )
                 for message in received:
                     time.sleep(3 * lock)  # the handler blocks the event loop
@@ -351,6 +394,12 @@ def main() -> None:
     loop.add_argument("--backend", choices=["sqlite", "mns"], default="sqlite")
     loop.add_argument("--messages", type=int, default=2000)
     loop.add_argument("--turns", type=int, default=5)
+    loop.add_argument(
+        "--latency-ms",
+        type=float,
+        default=0.0,
+        help="mns: milliseconds added to each chunk each way by a proxy (a network stand-in)",
+    )
     consumers = sub.add_parser("consumers")
     consumers.add_argument("--messages", type=int, default=2000)
     consumers.add_argument("--concurrency", type=int, default=200)
@@ -367,7 +416,9 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("PYTHONWARNINGS", "ignore::RuntimeWarning")
     if args.what == "loop":
-        run_loops(args.backend, args.messages, args.turns)
+        if args.latency_ms and args.backend != "mns":
+            parser.error("--latency-ms is for --backend mns")
+        run_loops(args.backend, args.messages, args.turns, args.latency_ms / 1000)
     elif args.what == "consumers":
         run_consumers(args.messages, args.concurrency, args.io, args.turns)
     elif args.what == "blocked":
