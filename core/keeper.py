@@ -582,6 +582,10 @@ class LeaseKeeper:
             if seconds is None:
                 self._release(held)
                 continue
+            if seconds < wanted and held.duration is None:
+                # Capped: keep asking for the lease's own duration, not the shortened
+                # one this renewal sets, so the keeper lets go rather than renew in slivers.
+                held.duration = wanted
             groups.setdefault((id(lease.queue), seconds), []).append(held)
         lateness = self.stats.lateness
         if len(lateness) > 200_000:

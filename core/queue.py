@@ -1128,8 +1128,11 @@ class Queue:
 
         Where the backend caps invisibility in total since receive (SQS: 12 h),
         a renewal asks for no more than what is left of it (less a second, in the
-        backend's resolution); ``None`` when not even the shortest lease fits any
-        more: the message comes back when its lease runs out. The keeper asks this
+        backend's resolution); ``None`` when less than half of ``seconds`` (or
+        less than the shortest lease) is left: the message comes back when its
+        lease runs out. Without that floor a keeper would close in on the cap in
+        ever shorter renewals, each one due sooner, until one came too late and
+        the lease was reported lost instead of let go. The keeper asks this
         before each renewal.
         """
         caps = self.capabilities
@@ -1137,7 +1140,9 @@ class Queue:
             return seconds
         allowance = caps.max_total_lease - (time.monotonic() - lease.received_at) - 1.0
         allowance = int(allowance / caps.lease_resolution) * caps.lease_resolution
-        return None if allowance < caps.min_lease else min(seconds, allowance)
+        if allowance < max(caps.min_lease, seconds / 2):
+            return None
+        return min(seconds, allowance)
 
     @property
     def retry_policy(self) -> RetryPolicy:
