@@ -39,7 +39,7 @@ typecheck: $(VENV)/.installed-test
 	PYTHON=$(BIN)/python tools/typecheck.sh
 
 pytest: $(VENV)/.installed-test node_modules/.installed
-	$(BIN)/python -m pytest --durations=15
+	$(BIN)/python -m pytest -n 4 --durations=15
 
 test: lint typecheck pytest
 
