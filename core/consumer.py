@@ -216,10 +216,12 @@ class Consumer:
     which keeps the cost per message near that of a hand-written batch loop.
     A handled message is completed before the worker starts a message more than
     ``batch_window`` later, so a slow handler never holds others' completions.
-    A plugin implementing ``leasekit_before_process`` or ``leasekit_after_process``
-    sees each message's pair nested on its worker thread (the after hook once
-    the message is settled); with such a plugin registered, workers take one
-    message at a time (completions are still grouped across workers).
+    A plugin implementing ``leasekit_before_process`` sees each message's
+    ``before_process``/``after_process`` pair nested on its worker thread (the
+    after hook once the message is settled); with such a plugin registered,
+    workers take one message at a time (completions are still grouped across
+    workers). ``leasekit_before_handle``/``after_handle`` bracket just the
+    handler call, always nested, and leave the batching alone.
 
     Raises:
         InvalidArgument: a non-callable handler, concurrency < 1, max_deliveries < 1, ...

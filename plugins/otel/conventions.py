@@ -32,7 +32,6 @@ SERVICEBUS_DELIVERY_COUNT = "messaging.servicebus.message.delivery_count"
 SERVICEBUS_DISPOSITION = "messaging.servicebus.disposition_status"
 #: leasekit's own, on every backend.
 DELIVERY_COUNT = "leasekit.message.delivery_count"
-OUTCOME = "leasekit.process.outcome"
 EXPIRES_AT = "leasekit.lease.expires_at"
 LEASE_DURATION = "leasekit.lease.duration"
 

@@ -25,7 +25,6 @@ _SHOWN = (
     ("messaging.message.id", "id", 8),
     ("messaging.batch.message_count", "batch", 0),
     ("leasekit.message.delivery_count", "delivery", 0),
-    ("leasekit.process.outcome", "outcome", 0),
     ("leasekit.lease.duration", "lease", 0),
     ("error.type", "error", 0),
 )
