@@ -104,8 +104,9 @@ class _Workers:
     """Threads that run sync calls for one event loop's coroutines (a lean executor).
 
     A call is queued with its asyncio future; a worker runs it and hands the
-    result back with ``call_soon_threadsafe``: one hop each way, about a third
-    of ``run_in_executor``'s cost (no concurrent future to chain). Threads are
+    result back with ``call_soon_threadsafe``: one hop each way, with no
+    concurrent future to chain (a round trip measured 45 µs here, as
+    ``run_in_executor``'s: the two thread wake-ups are the cost). Threads are
     daemons, started on demand up to ``size``, and idle ones wait on the queue.
     """
 
