@@ -31,12 +31,25 @@ def cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def lease_all(queue: Queue, n: int, duration: float) -> list[Lease]:
+def lease_all(
+    queue: Queue, n: int, duration: float, keeper: leasekit.LeaseKeeper | None = None
+) -> list[Lease]:
+    """Send ``n`` messages and lease them all, 1000 at a time.
+
+    With ``keeper``, each batch is given to it as soon as it is received, as an
+    application would: sending and leasing 100,000 takes about 2.4 s here, longer
+    than a 2 s lease, so leases added only after the last receive could lapse
+    before the keeper ever saw them.
+    """
     for start in range(0, n, 1000):
         queue.send_many([b"x"] * min(1000, n - start))
     leases: list[Lease] = []
     while len(leases) < n:
-        leases.extend(queue.lease(min(1000, n - len(leases)), duration=duration))
+        batch = queue.lease(min(1000, n - len(leases)), duration=duration)
+        if keeper is not None:
+            for lease in batch:
+                keeper.add(lease)
+        leases.extend(batch)
     return leases
 
 
@@ -48,11 +61,11 @@ def check_none_came_back(queue: Queue) -> int:
 
 def run_keeper(n: int, duration: float, seconds: float) -> dict[str, float]:
     queue = leasekit.open("memory", queue=f"keeper-{time.monotonic_ns()}", create=True)
-    leases = lease_all(queue, n, duration)
     keeper = leasekit.LeaseKeeper()
+    leases = lease_all(queue, n, duration, keeper)
     start_cpu, start = cpu(), time.monotonic()
-    for lease in leases:
-        keeper.add(lease)
+    # The hold is measured from here: renewals made while leasing are not in its CPU.
+    renewed_before, calls_before = keeper.stats.renewed, keeper.stats.renew_calls
     lapsed = 0
     while time.monotonic() - start < seconds:
         time.sleep(1.0)  # sampling interval of the check below
@@ -60,18 +73,20 @@ def run_keeper(n: int, duration: float, seconds: float) -> dict[str, float]:
     used = cpu() - start_cpu
     stats = keeper.stats
     keeper.stop()
-    lost = stats.lost + sum(1 for lease in leases if lease.lost.is_set())
+    # Each lost lease once: the keeper's count and the leases' flags name the same leases.
+    lost = max(stats.lost, sum(1 for lease in leases if lease.lost.is_set()))
+    renewed = stats.renewed - renewed_before
     result = {
         "leases": n,
         "lost": lost,
         "lapsed_visible": lapsed,
-        "renewals": stats.renewed,
-        "renew_calls": stats.renew_calls,
+        "renewals": renewed,
+        "renew_calls": stats.renew_calls - calls_before,
         "p50": stats.lateness_percentile(0.50),
         "p99": stats.lateness_percentile(0.99),
         "max": stats.lateness_percentile(1.0),
         "cpu_s": used,
-        "cpu_per_renewal_us": used / max(stats.renewed, 1) * 1e6,
+        "cpu_per_renewal_us": used / max(renewed, 1) * 1e6,
     }
     queue.complete_many(leases)
     queue.delete()
