@@ -121,6 +121,8 @@ class _Held:
     #: The renewal point it has waited on since its last successful renewal (kept
     #: across retries): how overdue its renewal is.
     since: float = 0.0
+    #: Its loss was counted and reported (once, whichever path found it first).
+    reported_lost: bool = False
 
 
 @dataclass(eq=False)
@@ -688,8 +690,16 @@ class LeaseKeeper:
         self._push(held)
 
     def _report_lost(self, held: _Held, error: errors.LeaseLost) -> None:
-        """Count a lost lease and tell ``on_lost`` (no lock held)."""
+        """Count a lost lease and tell ``on_lost``, once per lease (no lock held).
+
+        Two paths can find the same loss at the lease's deadline: the scheduler
+        expiring it while its renewal hangs, and that renewal coming back
+        ``LeaseLost`` as its call's deadline (the lease's) runs out.
+        """
         with self._cond:
+            if held.reported_lost:
+                return
+            held.reported_lost = True
             self.stats.lost += 1
             self._forget(held)
         if self.on_lost is not None:

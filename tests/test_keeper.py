@@ -318,3 +318,54 @@ def test_progress_shows_a_stuck_scheduler_by_its_heartbeat_then_its_recovery(
             "the scheduler to run again",
         )
     queue.complete_many([kept])
+
+
+class _HangingRenewals(MemoryDriver):
+    """Renewals hang until released, then answer that the receipt is stale."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.release = threading.Event()
+
+    def change_visibility(self, receipts, seconds):  # type: ignore[no-untyped-def]
+        self.release.wait(10)
+        return [DriverError(ErrorCode.LEASE_LOST, "stale receipt") for _ in receipts]
+
+
+def test_a_loss_found_by_both_the_deadline_and_the_hung_renewal_is_reported_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The race seen on MNS behind a blackhole: at the lease's deadline the scheduler
+    # marks the lease lost while its renewal is still hanging, and the renewal comes
+    # back LeaseLost (its call's deadline is the lease's) before the scheduler has
+    # reported the loss. Here the renewal is released between the two steps.
+    driver = _HangingRenewals(queue=f"race-{time.monotonic_ns()}")
+    queue = Queue(driver)
+    queue.create()
+    queue.send(b"x")
+    [lease] = queue.lease(1, duration=0.3)
+    calls: list[leasekit.Lease] = []
+    original_expire = leasekit.Lease.expire
+
+    def expire_then_let_the_renewal_answer(
+        self: leasekit.Lease, reason: str | None = None
+    ) -> errors.LeaseLost | None:
+        error = original_expire(self, reason)
+        if error is not None:
+            driver.release.set()
+            deadline = time.monotonic() + 2
+            while not calls and time.monotonic() < deadline:
+                time.sleep(0.005)  # the renewal's thread reports the loss first
+        return error
+
+    monkeypatch.setattr(leasekit.Lease, "expire", expire_then_let_the_renewal_answer)
+    with leasekit.LeaseKeeper(on_lost=lambda lease, error: calls.append(lease)) as keeper:
+        keeper.add(lease)
+        assert lease.lost.wait(3)
+        deadline = time.monotonic() + 2
+        while keeper.stats.renew_calls < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)  # both paths have run: give a second report the chance to show
+        assert keeper.stats.renew_calls == 1
+        assert keeper.stats.lost == 1
+        assert calls == [lease]
