@@ -868,6 +868,9 @@ class AsyncConsumer:
         self._stop: asyncio.Event | None = None
         self._buffer: deque[Lease] = deque()
         self._in_flight: dict[int, Lease] = {}
+        # The receive call in flight: a cancelled run() waits for it (its thread
+        # cannot be interrupted) and gives back what it got with the rest.
+        self._receiving: asyncio.Future[list[AsyncLease]] | None = None
         self._shutting_down = False
         self._keeper: LeaseKeeper | None = self.settings.keeper
         self._pulse = WorkerPulse()  # what the receive loop did last, for health()
@@ -991,7 +994,11 @@ class AsyncConsumer:
             try:
                 duration = settings.lease_duration(caps, self.queue.queue.check_duration)
                 pulse.receiving(LEASE_WAIT, LEASE_WAIT + self.queue.queue.call_timeout)
-                got = await self.queue.lease(want, duration=duration, wait=LEASE_WAIT)
+                self._receiving = asyncio.ensure_future(
+                    self.queue.lease(want, duration=duration, wait=LEASE_WAIT)
+                )
+                got = await asyncio.shield(self._receiving)
+                self._receiving = None
             except errors.BackendUnavailable as exc:
                 pulse.failed(exc)
                 failures += 1
@@ -1161,8 +1168,21 @@ class AsyncConsumer:
         own_keeper: bool,
         grace: float,
     ) -> None:
-        """Give back what is buffered, let handlers finish (``grace`` s), give back the rest."""
+        """Give back what is buffered, let handlers finish (``grace`` s), give back the rest.
+
+        A receive still in flight (``run()`` was cancelled during it) is waited
+        for first — its thread cannot be interrupted, and it would otherwise take
+        the messages given back below and return them later — and what it got
+        is given back with the rest.
+        """
         self._shutting_down = True
+        receiving, self._receiving = self._receiving, None
+        if receiving is not None:
+            try:
+                got = await receiving
+            except Exception:  # a failed receive: the receive loop dealt with it
+                got = []
+            await self._give_back([alease.lease for alease in got], keeper, "abandoned_at_shutdown")
         async with ready:
             unstarted = list(self._buffer)
             self._buffer.clear()
