@@ -37,6 +37,7 @@ import leasekit
 from leasekit import errors
 from leasekit.backends.memory import MemoryBroker, MemoryDriver
 from leasekit.backends.sqlite import SqliteDriver
+from leasekit.conformance.harness import BACKEND_CALLS
 from leasekit.duration_policy import AdaptiveLeaseDuration
 from leasekit.idempotency import MemoryIdempotencyStore
 from leasekit.lease import Lease
@@ -71,24 +72,6 @@ class Calls:
     count = 0
 
 
-#: Every SPI method that reaches the backend.
-SPI_CALLS = (
-    "send",
-    "receive",
-    "change_visibility",
-    "delete",
-    "abandon",
-    "dead_letter",
-    "dead_letter_queue",
-    "dead_letters",
-    "peek",
-    "stats",
-    "sibling",
-    "create_queue",
-    "delete_queue",
-)
-
-
 def _counting(base: type[Driver]) -> type[Driver]:
     """A subclass of ``base`` that counts every backend call in :class:`Calls`."""
 
@@ -102,7 +85,7 @@ def _counting(base: type[Driver]) -> type[Driver]:
         method.__name__ = name
         return method
 
-    return type(f"Counting{base.__name__}", (base,), {name: wrap(name) for name in SPI_CALLS})
+    return type(f"Counting{base.__name__}", (base,), {name: wrap(name) for name in BACKEND_CALLS})
 
 
 CountingMemoryDriver = _counting(MemoryDriver)
