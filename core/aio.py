@@ -51,26 +51,31 @@ from typing import Any, TypeVar
 
 from . import errors
 from .capabilities import Capabilities
-from .consumer import LEASE_WAIT, ROOM_WAIT, ConsumerStats
 from .events import Events
 from .health import Health, HealthLimits, WorkerPulse, assess
 from .keeper import KeeperStats, LeaseKeeper
 from .lease import Lease
 from .message import LeaseState, Message
-from .options import MAX_SECONDS, check_int, check_number
+from .options import MAX_SECONDS, check_int, check_number, is_number
 from .queue import Queue
 from .registry import default_registry
 from .retry import RetryPolicy
 from .spi import DeadLetter, Driver, QueueStats
 from .worker_policy import (
-    SETTLE_RETRY_LIMIT,
+    LEASE_WAIT,
+    ROOM_WAIT,
     SHUTDOWN_CALL_TIMEOUT,
+    ConsumerStats,
+    Failure,
+    MessageFlow,
+    Outcome,
+    Pause,
+    ReceiveBudget,
+    RunHandler,
+    Tally,
+    Worker,
     WorkerSettings,
-    abandon_delay,
-    completion_outcome,
-    poison_reason,
-    receive_pause,
-    settle_pause,
+    retry_flow,
     transient,
 )
 
@@ -94,7 +99,6 @@ DEFAULT_THREADS = 8
 #: Longest step of ``lease_one(wait=None)``: it waits in long polls of this many seconds.
 LEASE_ONE_STEP = 20.0
 
-_Failure = errors.LeaseError | errors.LeaseStateError | None
 #: A running AsyncConsumer stamps its event loop's tick this often, so its health
 #: shows a blocked loop (a handler doing CPU work or blocking I/O) as it happens.
 LOOP_TICK = 0.25
@@ -192,6 +196,16 @@ def _deliver(future: asyncio.Future[Any], result: Any, error: BaseException | No
         future.set_result(result)
 
 
+#: Threads for calls that belong to no queue (stopping a keeper); every call
+#: leasekit.aio makes off the event loop goes through a ``_Workers`` pool.
+_SHARED = _Workers(2, "leasekit-aio-shared")
+
+
+def off_loop(call: Callable[[], T]) -> asyncio.Future[T]:
+    """Run a blocking ``call`` that belongs to no queue off the event loop; await the result."""
+    return _SHARED.run(call)
+
+
 # --------------------------------------------------------------------- opening
 
 
@@ -285,6 +299,10 @@ class AsyncQueue:
         self._threads = threads
         self._workers = _Workers(threads, "leasekit-aio")
         self._closed = False
+        #: Receives in flight, each with the monotonic time by which it must have returned.
+        self._receives: dict[asyncio.Future[list[Lease]], float] = {}
+        #: Give-backs in flight (of receives whose caller was cancelled).
+        self._giving_back: set[asyncio.Future[None]] = set()
 
     # ------------------------------------------------------------- properties
 
@@ -393,6 +411,10 @@ class AsyncQueue:
             raise errors.LeaseStateError(f"queue {self.name!r} is closed; open it again")
         call = partial(self._queue.lease, max_messages, duration=duration, wait=wait)
         future = self._workers.run(call, orphan=partial(_abandon_quietly, self._queue))
+        # close() waits for it until it must have returned: its long poll, then its deadline.
+        waits = wait if is_number(wait) and 0 <= wait < MAX_SECONDS else 0.0
+        self._receives[future] = time.monotonic() + float(waits) + self.call_timeout
+        future.add_done_callback(self._receives.pop)
         try:
             leases = await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -401,14 +423,17 @@ class AsyncQueue:
         return self._wrap(leases)
 
     def _give_back_when_done(self, future: asyncio.Future[list[Lease]]) -> None:
-        """A receive whose caller was cancelled: abandon what it got, off the loop."""
+        """A receive whose caller was cancelled: abandon what it got, off the loop.
+
+        :meth:`close` waits for these give-backs before it closes the queue.
+        """
         if future.cancelled() or future.exception() is not None:
             return
         leases = future.result()
         if leases and not self._closed:
-            threading.Thread(
-                target=_abandon_quietly, args=(self._queue, leases), daemon=True
-            ).start()
+            giving = self._workers.run(partial(_abandon_quietly, self._queue, leases))
+            self._giving_back.add(giving)
+            giving.add_done_callback(self._giving_back.discard)
 
     @contextlib.asynccontextmanager
     async def lease_one(
@@ -440,7 +465,7 @@ class AsyncQueue:
 
     async def complete_many(
         self, leases: Iterable[AsyncLease | Lease], *, timeout: float | None = None
-    ) -> list[_Failure]:
+    ) -> list[Failure]:
         """Complete several leases; one result each (see :meth:`leasekit.Queue.complete_many`)."""
         return await self._run(self._queue.complete_many, self._unwrap(leases), timeout=timeout)
 
@@ -450,7 +475,7 @@ class AsyncQueue:
         duration: float | None = None,
         *,
         timeout: float | None = None,
-    ) -> list[_Failure]:
+    ) -> list[Failure]:
         """Renew several leases; one result each (see :meth:`leasekit.Queue.renew_many`)."""
         return await self._run(
             self._queue.renew_many, self._unwrap(leases), duration, timeout=timeout
@@ -462,7 +487,7 @@ class AsyncQueue:
         delay: float = 0,
         *,
         timeout: float | None = None,
-    ) -> list[_Failure]:
+    ) -> list[Failure]:
         """Give several leases back; one result each (see :meth:`leasekit.Queue.abandon_many`)."""
         return await self._run(
             self._queue.abandon_many, self._unwrap(leases), delay, timeout=timeout
@@ -487,9 +512,21 @@ class AsyncQueue:
         await self._run(self._queue.delete)
 
     async def close(self) -> None:
-        """Release the backend's connections and the thread pool; idempotent."""
+        """Release the backend's connections and the thread pool; idempotent.
+
+        Receives still in flight are waited for first (each at most until its
+        long poll and deadline end), and what those whose caller was cancelled
+        got is given back before the queue closes: the usual shutdown order —
+        cancel the tasks, then close the queue — leaves no message hidden.
+        """
         if self._closed:
             return
+        if self._receives:
+            until = max(self._receives.values())
+            await asyncio.wait(list(self._receives), timeout=max(0.0, until - time.monotonic()))
+            await asyncio.sleep(0)  # the done callbacks queue their give-backs
+        if self._giving_back:
+            await asyncio.wait(list(self._giving_back), timeout=SHUTDOWN_CALL_TIMEOUT + 1)
         await self._workers.run(self._queue.close)
         self._closed = True
         self._workers.close()
@@ -631,7 +668,12 @@ class AsyncLease:
         self._lease.on_lost(lambda lease, error: callback(self, error))
 
     async def wait_lost(self, timeout: float | None = None) -> bool:
-        """Wait (without a thread) until the lease is found lost; ``False`` after ``timeout``."""
+        """Wait (without a thread) until the lease is found lost; ``False`` after ``timeout``.
+
+        A wait that times out or is cancelled leaves nothing behind on the lease.
+        """
+        if timeout is not None:
+            check_number(timeout, "timeout", minimum=0)
         if self._lease.lost.is_set():
             return True
         loop = asyncio.get_running_loop()
@@ -646,9 +688,12 @@ class AsyncLease:
 
         self._lease.on_lost(tell)
         try:
-            await asyncio.wait_for(found, timeout)
+            async with asyncio.timeout(timeout):
+                await found
         except TimeoutError:
             return False
+        finally:
+            self._lease.remove_on_lost(tell)
         return True
 
     async def __aenter__(self) -> AsyncLease:
@@ -720,7 +765,7 @@ class AsyncLeaseKeeper:
 
     async def stop(self) -> None:
         """Stop renewing, off the loop (returns within the keeper's ``stop_timeout``)."""
-        await asyncio.get_running_loop().run_in_executor(None, self._keeper.stop)
+        await off_loop(self._keeper.stop)
 
     async def __aenter__(self) -> AsyncLeaseKeeper:
         return self.start()
@@ -752,13 +797,13 @@ class _Completer:
         self._queue = queue
         self._size = size
         self._window = window
-        self._pending: list[tuple[Lease, asyncio.Future[_Failure]]] = []
+        self._pending: list[tuple[Lease, asyncio.Future[Failure]]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._flushing: set[asyncio.Task[None]] = set()
 
-    async def complete(self, lease: Lease) -> _Failure:
+    async def complete(self, lease: Lease) -> Failure:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[_Failure] = loop.create_future()
+        future: asyncio.Future[Failure] = loop.create_future()
         self._pending.append((lease, future))
         if len(self._pending) >= self._size:
             self._flush()
@@ -776,10 +821,10 @@ class _Completer:
             self._flushing.add(task)
             task.add_done_callback(self._flushing.discard)
 
-    async def _settle(self, batch: list[tuple[Lease, asyncio.Future[_Failure]]]) -> None:
+    async def _settle(self, batch: list[tuple[Lease, asyncio.Future[Failure]]]) -> None:
         leases = [lease for lease, _ in batch]
         try:
-            results: list[_Failure] = await self._queue.complete_many(leases)
+            results: list[Failure] = await self._queue.complete_many(leases)
         except errors.LeaseError as exc:
             results = [exc] * len(batch)
         except Exception as exc:  # never leave a waiting completion stranded
@@ -868,7 +913,8 @@ class AsyncConsumer:
         self.handler = handler
         self.concurrency = self.settings.concurrency
         self.batch_window = batch_window
-        self._stats = ConsumerStats()
+        self._tally = Tally()
+        self._worker = Worker(queue.queue, self.settings, self._tally)
         self._running = False
         self._stop: asyncio.Event | None = None
         self._buffer: deque[Lease] = deque()
@@ -876,7 +922,7 @@ class AsyncConsumer:
         # The receive call in flight: a cancelled run() waits for it (its thread
         # cannot be interrupted) and gives back what it got with the rest.
         self._receiving: asyncio.Future[list[AsyncLease]] | None = None
-        self._shutting_down = False
+        self._shutdown_deadline: float | None = None  # set while stopping
         self._keeper: LeaseKeeper | None = self.settings.keeper
         self._pulse = WorkerPulse()  # what the receive loop did last, for health()
         self._ticker: asyncio.TimerHandle | None = None
@@ -886,7 +932,7 @@ class AsyncConsumer:
     @property
     def stats(self) -> ConsumerStats:
         """A snapshot of the counters (and the lease-duration policy's figures)."""
-        snapshot = replace(self._stats)
+        snapshot = replace(self._tally.stats)
         snapshot.buffered = len(self._buffer)
         snapshot.in_flight = len(self._in_flight)
         snapshot.lease_duration = dict(self.settings.duration_policy.figures())
@@ -923,8 +969,8 @@ class AsyncConsumer:
         if self._running:
             raise errors.LeaseStateError("this AsyncConsumer is already running")
         self._running = True
-        self._shutting_down = False
         self._stop = asyncio.Event()
+        self._worker.begin()
         settings = self.settings
         keeper = settings.keeper or LeaseKeeper()
         own_keeper = settings.keeper is None
@@ -932,8 +978,9 @@ class AsyncConsumer:
         self._keeper = keeper
         self._pulse.begin()
         self._tick()
-        caps = self.queue.capabilities
-        completer = _Completer(self.queue, caps.max_delete_batch, self.batch_window)
+        completer = _Completer(
+            self.queue, self.queue.capabilities.max_delete_batch, self.batch_window
+        )
         ready = asyncio.Condition()
         workers = [
             asyncio.ensure_future(self._work(keeper, completer, ready))
@@ -969,71 +1016,55 @@ class AsyncConsumer:
         self._pulse.ticked(LOOP_TICK)
         self._ticker = asyncio.get_running_loop().call_later(LOOP_TICK, self._tick)
 
+    def _outstanding(self) -> int:
+        return len(self._buffer) + len(self._in_flight)
+
     # ------------------------------------------------------------ the receiver
 
     async def _receive(
         self, keeper: LeaseKeeper, ready: asyncio.Condition, until_idle: bool
     ) -> None:
-        """Lease in batches while there is room; the workers take from the buffer."""
-        assert self._stop is not None
-        settings = self.settings
-        caps = self.queue.capabilities
-        limit = settings.concurrency + settings.prefetch
-        refill = max(1, min(caps.max_receive_batch, limit // 2))
-        failures = 0
-        pulse = self._pulse
-        while not self._stop.is_set():
-            pulse.expect(ROOM_WAIT)
+        """Lease in batches while there is room; the workers take from the buffer.
+
+        Every wait here lets a cancellation through: waits are bounded with
+        ``asyncio.timeout``, which (unlike ``asyncio.wait_for`` around a
+        condition on Python 3.11) never turns a cancel into a normal return.
+        """
+        stop = self._stop
+        assert stop is not None
+        budget = ReceiveBudget(self.settings, self.queue.capabilities, self._pulse, self.queue.name)
+        while not stop.is_set():
+            budget.pulse.expect(ROOM_WAIT)
             async with ready:
-                while (
-                    len(self._buffer) + len(self._in_flight) > limit - refill
-                    and not self._stop.is_set()
-                ):
-                    pulse.expect(ROOM_WAIT)
-                    await _wait(ready, ROOM_WAIT)
-            if self._stop.is_set():
+                while budget.full(self._outstanding()) and not stop.is_set():
+                    budget.pulse.expect(ROOM_WAIT)
+                    await _wait(ready.wait(), ROOM_WAIT)
+            if stop.is_set():
                 return
-            want = max(
-                1, min(limit - len(self._buffer) - len(self._in_flight), caps.max_receive_batch)
-            )
+            want = budget.want(self._outstanding())
             try:
-                duration = settings.lease_duration(caps, self.queue.queue.check_duration)
-                pulse.receiving(LEASE_WAIT, LEASE_WAIT + self.queue.queue.call_timeout)
+                budget.receiving(self.queue.call_timeout)
+                duration = self._worker.lease_duration()
                 self._receiving = asyncio.ensure_future(
                     self.queue.lease(want, duration=duration, wait=LEASE_WAIT)
                 )
                 got = await asyncio.shield(self._receiving)
                 self._receiving = None
-            except errors.BackendUnavailable as exc:
-                pulse.failed(exc)
-                failures += 1
-                self._stats.receive_errors += 1
-                pause = receive_pause(failures)
-                if failures == 1 or failures % 10 == 0:
-                    _log.warning(
-                        "receiving from %r failed (%d in a row), retrying in %.1f s: %s",
-                        self.queue.name,
-                        failures,
-                        pause,
-                        exc,
-                    )
-                pulse.expect(pause)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), pause)
-                continue
             except errors.LeaseError as exc:
-                pulse.failed(exc)
-                _log.error("consumer of %r stops: receiving failed: %s", self.queue.name, exc)
-                raise
-            pulse.received()
-            failures = 0
+                self._receiving = None
+                pause = budget.failed(exc, self._tally)
+                if pause is None:
+                    raise
+                await _wait(stop.wait(), pause)
+                continue
+            budget.received()
             if not got:
-                if until_idle and not self._buffer and not self._in_flight:
+                if until_idle and not self._outstanding():
                     return
                 continue
             leases = [alease.lease for alease in got]
-            keeper.add_many(leases, max_lifetime=settings.max_lifetime)
-            self._stats.received += len(leases)
+            keeper.add_many(leases, max_lifetime=self.settings.max_lifetime)
+            self._tally.add("received", len(leases))
             async with ready:
                 self._buffer.extend(leases)
                 ready.notify(len(leases))
@@ -1046,7 +1077,7 @@ class AsyncConsumer:
         """A worker task: take a message, handle it, settle it; until the buffer is closed."""
         while True:
             async with ready:
-                while not self._buffer and not self._shutting_down:
+                while not self._buffer and not self._worker.shutting_down:
                     await ready.wait()
                 if not self._buffer:
                     return
@@ -1064,104 +1095,61 @@ class AsyncConsumer:
                     ready.notify_all()
 
     async def _process(self, lease: Lease, keeper: LeaseKeeper, completer: _Completer) -> None:
+        """One message's flow, then its completion in a shared batch; hooks around it."""
         events = self.queue.events
         events.emit("leasekit_before_process", lease=lease)
-        outcome, error = await self._handle(lease, keeper, completer)
+        outcome = await self._drive(self._worker.message_flow(lease))
+        if outcome.name == "handled":
+            outcome = self._worker.finish(lease, await self._complete(lease, completer))
+            if outcome.name == "completed":
+                self._tally.add("completed")
         keeper.discard(lease)
-        events.emit("leasekit_after_process", lease=lease, error=error, outcome=outcome)
-
-    async def _handle(
-        self, lease: Lease, keeper: LeaseKeeper, completer: _Completer
-    ) -> tuple[str, BaseException | None]:
-        """Handle one lease and settle it; return the hook outcome and its error."""
-        settings = self.settings
-        message = lease.message
-        run = self.queue._run
-        try:
-            poison = poison_reason(message.delivery_count, settings.max_deliveries)
-            if poison is not None:
-                await run(lease.dead_letter, poison)
-                self._stats.dead_lettered += 1
-                return "dead_lettered", None
-            store = settings.idempotency
-            if store is not None and await run(store.seen, message.id):
-                self._stats.duplicates_skipped += 1
-                with contextlib.suppress(errors.LeaseLost):  # someone else settles it then
-                    await run(lease.complete)
-                return "duplicate", None
-            if lease.state is LeaseState.LOST:
-                self._stats.lost += 1
-                return "lost", None
-            alease = AsyncLease(self.queue, lease)
-            events = self.queue.events
-            start = time.monotonic()
-            events.emit("leasekit_before_handle", lease=lease)
-            try:
-                await self.handler(alease if settings.pass_lease else message)
-            except Exception as exc:
-                events.emit("leasekit_after_handle", lease=lease, error=exc)
-                self._stats.failed += 1
-                _log.warning("handler failed on message %r: %r", message.id, exc)
-                delay = abandon_delay(message.delivery_count, settings, self.queue.capabilities)
-                await run(lease.abandon, delay)
-                self._stats.abandoned += 1
-                return "abandoned", exc
-            elapsed = time.monotonic() - start
-            events.emit("leasekit_after_handle", lease=lease, error=None)
-            if settings.pass_lease and lease.state is not LeaseState.HELD:
-                return self._settled_by_handler(lease)
-            settings.duration_policy.observe(elapsed)
-            if store is not None:
-                await run(store.record, message.id)
-            failure = await self._complete(lease, completer)
-        except errors.LeaseLost as exc:
-            self._stats.lost += 1
-            return "lost", exc
-        except errors.LeaseStateError as exc:
-            if lease.state is LeaseState.ABANDONED and self._shutting_down:
-                return "abandoned_at_shutdown", None
-            raise exc
-        except errors.LeaseError as exc:
-            self._stats.settle_errors += 1
-            _log.error("could not settle message %r: %s", message.id, exc)
-            return "error", exc
-        outcome, counter, error = completion_outcome(
-            lease, failure, shutting_down=self._shutting_down
+        events.emit(
+            "leasekit_after_process", lease=lease, error=outcome.error, outcome=outcome.name
         )
-        if outcome == "completed":
-            self._stats.completed += 1
-        elif counter is not None:
-            setattr(self._stats, counter, getattr(self._stats, counter) + 1)
-        if outcome == "stale":
-            settings.duration_policy.stale()
-        return outcome, error
 
-    async def _complete(self, lease: Lease, completer: _Completer) -> _Failure:
-        """Complete in a shared batch; retry a transient failure while the lease is held."""
+    async def _drive(self, flow: MessageFlow) -> Outcome:
+        """Run a message's flow to its outcome: blocking steps off the loop, the handler awaited."""
+        result: Any = None
+        error: Exception | None = None
+        while True:
+            try:
+                step = flow.send(result) if error is None else flow.throw(error)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            result = error = None
+            try:
+                if isinstance(step, RunHandler):
+                    lease = step.lease
+                    pass_lease = self.settings.pass_lease
+                    await self.handler(
+                        AsyncLease(self.queue, lease) if pass_lease else lease.message
+                    )
+                else:
+                    result = await self.queue._run(step.fn)
+            except Exception as exc:
+                error = exc
+
+    async def _complete(self, lease: Lease, completer: _Completer) -> Failure:
+        """Complete in a shared batch; retry a transient failure (``retry_flow``)."""
         failure = await completer.complete(lease)
-        give_up = time.monotonic() + SETTLE_RETRY_LIMIT
-        attempt = 0
-        while transient(failure) and lease.state is LeaseState.HELD:
-            if time.monotonic() >= give_up:
-                break
-            attempt += 1
-            await asyncio.sleep(settle_pause(attempt))
-            self._stats.settle_retries += 1
-            failure = await completer.complete(lease)
-        return failure
+        if not transient(failure):
+            return failure
+        flow = retry_flow([lease], [failure], self._tally, self._give_up_at)
+        try:
+            step = next(flow)
+            while True:
+                if isinstance(step, Pause):
+                    await asyncio.sleep(step.seconds)
+                    step = flow.send([])
+                else:
+                    step = flow.send([await completer.complete(again) for again in step])
+        except StopIteration as stop:
+            return stop.value[0]  # type: ignore[no-any-return]
 
-    def _settled_by_handler(self, lease: Lease) -> tuple[str, BaseException | None]:
-        counters = {
-            LeaseState.COMPLETED: "completed",
-            LeaseState.ABANDONED: "abandoned",
-            LeaseState.DEAD_LETTERED: "dead_lettered",
-        }
-        counter = counters.get(lease.state)
-        if counter is None:  # found lost while the handler ran
-            self._stats.lost += 1
-            return "lost", lease.lost_error
-        setattr(self._stats, counter, getattr(self._stats, counter) + 1)
-        return lease.state.value, None
+    def _give_up_at(self) -> float:
+        end = self._shutdown_deadline
+        return float("inf") if end is None else end
 
     # ---------------------------------------------------------------- shutdown
 
@@ -1180,7 +1168,8 @@ class AsyncConsumer:
         the messages given back below and return them later — and what it got
         is given back with the rest.
         """
-        self._shutting_down = True
+        self._worker.shutting_down = True
+        self._shutdown_deadline = time.monotonic() + grace
         receiving, self._receiving = self._receiving, None
         if receiving is not None:
             try:
@@ -1199,7 +1188,8 @@ class AsyncConsumer:
             for task in running:
                 task.cancel()
             if running:
-                await asyncio.wait(running)
+                # A handler that swallows its cancellation is not waited for past this.
+                await asyncio.wait(running, timeout=SHUTDOWN_CALL_TIMEOUT)
             if overdue:
                 _log.warning(
                     "%d handler(s) did not finish within the %.0f s grace period; abandoning "
@@ -1210,7 +1200,9 @@ class AsyncConsumer:
             await self._give_back(overdue, keeper, "abandoned_at_shutdown")
         self._in_flight.clear()
         if own_keeper:
-            await asyncio.get_running_loop().run_in_executor(None, keeper.stop)
+            await off_loop(keeper.stop)
+        self._worker.shutting_down = False
+        self._shutdown_deadline = None
 
     async def _give_back(self, leases: list[Lease], keeper: LeaseKeeper, counter: str) -> None:
         """Abandon the held ones of ``leases`` in one call bounded by ``SHUTDOWN_CALL_TIMEOUT``."""
@@ -1219,14 +1211,10 @@ class AsyncConsumer:
         if not held:
             return
         try:
-            results = await self.queue.abandon_many(held, timeout=SHUTDOWN_CALL_TIMEOUT)
+            results: list[Any] = await self.queue.abandon_many(held, timeout=SHUTDOWN_CALL_TIMEOUT)
         except (errors.LeaseError, errors.LeaseStateError) as exc:
             results = [exc] * len(held)
-        for lease, result in zip(held, results, strict=True):
-            if result is None:
-                setattr(self._stats, counter, getattr(self._stats, counter) + 1)
-            elif not isinstance(result, errors.LeaseStateError):
-                _log.warning("could not abandon message %r: %s", lease.message.id, result)
+        self._worker.given_back(held, results, counter)
 
     def _install_signals(self) -> Callable[[], None]:
         if not self.settings.handle_signals or threading.current_thread() is not (
@@ -1253,7 +1241,13 @@ class AsyncConsumer:
         self.stop()
 
 
-async def _wait(condition: asyncio.Condition, timeout: float) -> None:
-    """Wait on ``condition`` (held) for at most ``timeout`` seconds."""
+async def _wait(awaitable: Awaitable[Any], timeout: float) -> None:
+    """Await ``awaitable`` for at most ``timeout`` seconds; a cancellation always goes through.
+
+    ``asyncio.timeout``, not ``asyncio.wait_for``: on Python 3.11 ``wait_for``
+    returns the inner result when it completes in the same loop iteration as
+    an outer cancel, swallowing the cancellation (cpython gh-86296).
+    """
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(condition.wait(), timeout)
+        async with asyncio.timeout(timeout):
+            await awaitable

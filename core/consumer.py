@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import signal
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from types import FrameType
 from typing import Any
 
@@ -23,67 +22,30 @@ from .message import LeaseState
 from .options import MAX_SECONDS, check_bool, check_int, check_number
 from .queue import Queue
 from .worker_policy import (
-    SETTLE_RETRY_LIMIT,
+    LEASE_WAIT,
+    ROOM_WAIT,
     SHUTDOWN_CALL_TIMEOUT,
+    ConsumerStats,
+    MessageFlow,
+    Outcome,
+    Pause,
+    ReceiveBudget,
+    RunHandler,
+    Tally,
+    Worker,
     WorkerSettings,
-    abandon_delay,
-    completion_outcome,
-    poison_reason,
-    receive_pause,
-    settle_pause,
-    transient,
+    retry_flow,
 )
 
-__all__ = ["Consumer", "ConsumerStats"]
+__all__ = ["LEASE_WAIT", "ROOM_WAIT", "Consumer", "ConsumerStats"]
 
 _log = logging.getLogger("leasekit.consumer")
-
-#: How long one lease call waits for messages; bounds how fast ``stop()`` is noticed.
-LEASE_WAIT = 1.0
-#: How long the receive loop waits at a time for room in the buffer.
-ROOM_WAIT = 0.5
-
-
-@dataclass
-class ConsumerStats:
-    """What a consumer did. Counters only grow; ``in_flight`` and ``buffered`` are current.
-
-    ``buffered``: leased, not yet taken by a worker. ``in_flight``: taken by a
-    worker (being handled, or next in its chunk), not yet finished.
-    """
-
-    received: int = 0
-    completed: int = 0
-    failed: int = 0
-    abandoned: int = 0
-    dead_lettered: int = 0
-    duplicates_skipped: int = 0
-    stale_on_complete: int = 0
-    lost: int = 0
-    settle_errors: int = 0
-    settle_retries: int = 0
-    receive_errors: int = 0
-    abandoned_at_shutdown: int = 0
-    in_flight: int = 0
-    buffered: int = 0
-    lease_duration: dict[str, float] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        """The counters as a plain dict."""
-        return asdict(self)
 
 
 _Failure = errors.LeaseError | errors.LeaseStateError | None
 
 #: Most messages one worker takes from the buffer at once (when handling is fast).
 MAX_CHUNK = 16
-#: States a handler given the lease may leave it in, and the counter each adds to.
-#: (A lease found lost is not among them: completing it reports the stale receipt.)
-_SELF_SETTLED = {
-    LeaseState.COMPLETED: "completed",
-    LeaseState.ABANDONED: "abandoned",
-    LeaseState.DEAD_LETTERED: "dead_lettered",
-}
 #: Weight of the newest handler time in the running mean that sizes chunks.
 _EWMA = 0.2
 
@@ -313,9 +275,11 @@ class Consumer:
         self._handle_hooks = False  # a plugin brackets each handler call
         self._keeper = keeper
         self._own_keeper = keeper is None
-        self._stats = ConsumerStats()
         # Re-entrant: stop() may run from a signal handler while the main thread holds it.
         mutex = threading.RLock()
+        self._tally = Tally(mutex)
+        self._stats = self._tally.stats
+        self._worker = Worker(queue, settings, self._tally)
         self._lock = threading.Condition(mutex)  # the receive loop waits here for room
         self._ready = threading.Condition(mutex)  # idle workers wait here for messages
         self._stop = threading.Event()
@@ -326,7 +290,6 @@ class Consumer:
         self._started: dict[int, Lease] = {}  # taken by a worker, not yet finished
         self._current: dict[int, Lease] = {}  # worker index -> the lease in its handler
         self._closing = False
-        self._shutting_down = False
         self._shutdown_deadline: float | None = None  # set while stopping
         self._pulse = WorkerPulse()  # what the receive loop did last, for health()
 
@@ -376,9 +339,7 @@ class Consumer:
             self._running = True
             self._closing = False
         self._stop.clear()
-        self._handle_hooks = self.queue.events.observed(
-            "leasekit_before_handle"
-        ) or self.queue.events.observed("leasekit_after_handle")
+        self._worker.begin()
         # Nesting needs one message at a time only when a plugin opens something per
         # message before it (an after hook alone sees the messages in order anyway).
         self._nested_hooks = self.queue.events.observed("leasekit_before_process")
@@ -422,60 +383,33 @@ class Consumer:
 
     def _loop(self, keeper: LeaseKeeper, until_idle: bool) -> None:
         """Lease in batches while there is room; the workers take from the buffer."""
-        limit = self.concurrency + self.prefetch
-        batch = self.queue.capabilities.max_receive_batch
-        # Lease again only when a worthwhile batch fits: refilling one slot at a
-        # time turns every completion into a receive call.
-        refill = max(1, min(batch, limit // 2))
-        failures = 0  # receives failed in a row
-        pulse = self._pulse
+        budget = ReceiveBudget(self.settings, self.queue.capabilities, self._pulse, self.queue.name)
         while not self._stop.is_set():
-            pulse.expect(ROOM_WAIT)
+            budget.pulse.expect(ROOM_WAIT)
             with self._lock:
-                while (
-                    len(self._buffer) + len(self._started) + self._reserved > limit - refill
-                    and not self._stop.is_set()
-                ):
-                    pulse.expect(ROOM_WAIT)
+                while budget.full(self._outstanding()) and not self._stop.is_set():
+                    budget.pulse.expect(ROOM_WAIT)
                     self._lock.wait(ROOM_WAIT)
                 if self._stop.is_set():
                     return
-                outstanding = len(self._buffer) + len(self._started) + self._reserved
-                want = max(1, min(limit - outstanding, batch))
+                want = budget.want(self._outstanding())
                 self._reserved += want
             try:
-                duration = self._duration()
-                pulse.receiving(LEASE_WAIT, LEASE_WAIT + self.queue.call_timeout)
-                leases = self.queue.lease(want, duration=duration, wait=LEASE_WAIT)
-            except errors.BackendUnavailable as exc:
-                pulse.failed(exc)
-                failures += 1
-                self._count("receive_errors")
-                pause = receive_pause(failures)
-                if failures == 1 or failures % 10 == 0:
-                    _log.warning(
-                        "receiving from %r failed (%d in a row), retrying in %.1f s: %s",
-                        self.queue.name,
-                        failures,
-                        pause,
-                        exc,
-                    )
-                pulse.expect(pause)
+                budget.receiving(self.queue.call_timeout)
+                leases = self.queue.lease(
+                    want, duration=self._worker.lease_duration(), wait=LEASE_WAIT
+                )
+            except errors.LeaseError as exc:
+                pause = budget.failed(exc, self._tally)
+                if pause is None:
+                    raise
                 self._stop.wait(pause)
                 continue
-            except errors.LeaseError as exc:
-                # Not transient (authentication, queue not found, ...): retrying cannot help.
-                pulse.failed(exc)
-                _log.error("consumer of %r stops: receiving failed: %s", self.queue.name, exc)
-                raise
             finally:
                 with self._lock:
                     self._reserved -= want
                     self._lock.notify_all()
-            pulse.received()
-            if failures:
-                _log.info("receiving from %r works again", self.queue.name)
-                failures = 0
+            budget.received()
             if not leases:
                 with self._lock:
                     idle = not self._buffer and not self._started
@@ -489,6 +423,10 @@ class Consumer:
                 self._stats.buffered = len(self._buffer)
                 chunk = self._chunk_size(len(self._buffer))
                 self._ready.notify(-(-len(leases) // chunk))
+
+    def _outstanding(self) -> int:
+        """Messages buffered, in a worker's hands or being received (call with the lock held)."""
+        return len(self._buffer) + len(self._started) + self._reserved
 
     def _receive(self, keeper: LeaseKeeper, until_idle: bool) -> None:
         """An extra receiver thread (``receivers > 1``): the loop, its error kept for run()."""
@@ -534,8 +472,7 @@ class Consumer:
                 # A bug outside the handler (an idempotency store failing, say): keep the
                 # worker alive and give back what it had not finished.
                 _log.exception("worker %d failed; abandoning its unfinished messages", index)
-                for lease in chunk:
-                    self._give_back(lease, keeper)
+                self._give_back_many(chunk, keeper, "abandoned")
             finally:
                 with self._lock:
                     for lease in chunk:
@@ -551,9 +488,7 @@ class Consumer:
             if self._closing:
                 # Stopping: what this worker has not started goes back to the queue.
                 self._flush(done, keeper)
-                self._give_back_many(
-                    chunk[position:], keeper, "abandoned_at_shutdown", " at shutdown"
-                )
+                self._give_back_many(chunk[position:], keeper, "abandoned_at_shutdown")
                 return
             if done and time.monotonic() - oldest >= self.batch_window:
                 self._flush(done, keeper)  # do not hold a completion behind a slow handler
@@ -563,17 +498,17 @@ class Consumer:
             self._current[index] = lease
             try:
                 self.queue.events.emit("leasekit_before_process", lease=lease)
-                outcome, error = self._handle(lease)
+                outcome = self._drive(self._worker.message_flow(lease))
             finally:
                 self._current.pop(index, None)
-            if outcome == "handled":
+            if outcome.name == "handled":
                 if not done:
                     oldest = time.monotonic()
                 done.append(lease)
                 continue
             keeper.discard(lease)
             self.queue.events.emit(
-                "leasekit_after_process", lease=lease, error=error, outcome=outcome
+                "leasekit_after_process", lease=lease, error=outcome.error, outcome=outcome.name
             )
         self._flush(done, keeper)
 
@@ -594,54 +529,36 @@ class Consumer:
             failures = _settle_batch(self.queue, done)
         else:
             failures = [self._complete_one(lease) for lease in done]
-        if any(transient(failure) for failure in failures):
+        if any(isinstance(failure, errors.BackendUnavailable) for failure in failures):
             failures = self._retry_settles(done, failures)
         keeper.discard_many(done)
         completed = 0
         for lease, failure in zip(done, failures, strict=True):
-            outcome, error = self._completion_outcome(lease, failure)
-            completed += outcome == "completed"
+            outcome = self._worker.finish(lease, failure)
+            completed += outcome.name == "completed"
             self.queue.events.emit(
-                "leasekit_after_process", lease=lease, error=error, outcome=outcome
+                "leasekit_after_process", lease=lease, error=outcome.error, outcome=outcome.name
             )
-        if completed:
-            with self._lock:
-                self._stats.completed += completed
+        self._tally.add("completed", completed)
 
     def _retry_settles(self, done: list[Lease], failures: list[_Failure]) -> list[_Failure]:
-        """Retry completions that failed transiently while their leases are still held.
+        """Retry transiently failed completions (:func:`~leasekit.worker_policy.retry_flow`)."""
+        flow = retry_flow(done, failures, self._tally, self._give_up_at)
+        try:
+            step = next(flow)
+            while True:
+                if isinstance(step, Pause):
+                    time.sleep(step.seconds)
+                    step = flow.send([])
+                else:
+                    step = flow.send(_settle_batch(self.queue, step))
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
 
-        The keeper goes on renewing them meanwhile, so a short outage costs a
-        delay, not a second delivery. Stops for a lease when it is completed,
-        found lost (the keeper marks it at its deadline) or refused for good;
-        and for all after ``SETTLE_RETRY_LIMIT`` seconds or past the shutdown grace.
-        """
-        failures = list(failures)
-        give_up = time.monotonic() + SETTLE_RETRY_LIMIT
-        attempt = 0
-        while True:
-            pending = [
-                i
-                for i, failure in enumerate(failures)
-                if transient(failure) and done[i].state is LeaseState.HELD
-            ]
-            if not pending:
-                return failures
-            now = time.monotonic()
-            limit = (
-                give_up
-                if self._shutdown_deadline is None
-                else min(give_up, self._shutdown_deadline)
-            )
-            if now >= limit:
-                return failures
-            attempt += 1
-            time.sleep(min(settle_pause(attempt), max(0.0, limit - now)))
-            leases = [done[i] for i in pending]
-            with self._lock:
-                self._stats.settle_retries += len(leases)
-            for i, failure in zip(pending, _settle_batch(self.queue, leases), strict=True):
-                failures[i] = failure
+    def _give_up_at(self) -> float:
+        """When retrying completions stops: never before the shutdown grace ends."""
+        end = self._shutdown_deadline
+        return float("inf") if end is None else end
 
     @staticmethod
     def _complete_one(lease: Lease) -> _Failure:
@@ -651,102 +568,46 @@ class Consumer:
             return exc
         return None
 
-    def _completion_outcome(
-        self, lease: Lease, failure: _Failure
-    ) -> tuple[str, BaseException | None]:
-        """The outcome of completing a handled lease (counted, except ``completed``)."""
-        outcome, counter, error = completion_outcome(
-            lease, failure, shutting_down=self._shutting_down
-        )
-        if counter is not None:
-            self._count(counter)
-        if outcome == "stale":
-            self.duration_policy.stale()
-        return outcome, error
-
-    def _duration(self) -> float:
-        return self.settings.lease_duration(self.queue.capabilities, self.queue.check_duration)
-
-    def _handle(self, lease: Lease) -> tuple[str, BaseException | None]:
-        """Run the handler on one lease; ``"handled"`` means it is ready to be completed."""
-        message = lease.message
-        try:
-            poison = poison_reason(message.delivery_count, self.max_deliveries)
-            if poison is not None:
-                lease.dead_letter(poison)
-                self._count("dead_lettered")
-                return "dead_lettered", None
-            if self.idempotency is not None and self.idempotency.seen(message.id):
-                self._count("duplicates_skipped")
-                with contextlib.suppress(errors.LeaseLost):  # someone else settles it then
-                    lease.complete()
-                return "duplicate", None
-            if lease.state is LeaseState.LOST:
-                # Found lost (e.g. the worker was frozen past its lease) before it started.
-                self._count("lost")
-                return "lost", None
-            start = time.monotonic()
-            bracket = self._handle_hooks
-            if bracket:
-                self.queue.events.emit("leasekit_before_handle", lease=lease)
+    def _drive(self, flow: MessageFlow) -> Outcome:
+        """Run a message's flow to its outcome, each step a call on this worker thread."""
+        result: Any = None
+        error: Exception | None = None
+        while True:
             try:
-                self.handler(lease if self.pass_lease else message)
+                step = flow.send(result) if error is None else flow.throw(error)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            result = error = None
+            try:
+                if isinstance(step, RunHandler):
+                    self._run_handler(step.lease)
+                else:
+                    result = step.fn()
             except Exception as exc:
-                if bracket:
-                    self.queue.events.emit("leasekit_after_handle", lease=lease, error=exc)
-                self._count("failed")
-                _log.warning("handler failed on message %r: %r", message.id, exc)
-                lease.abandon(
-                    delay=abandon_delay(
-                        message.delivery_count, self.settings, self.queue.capabilities
-                    )
-                )
-                self._count("abandoned")
-                return "abandoned", exc
-            elapsed = time.monotonic() - start
-            if bracket:
-                self.queue.events.emit("leasekit_after_handle", lease=lease, error=None)
-            if self.pass_lease and lease.state in _SELF_SETTLED:
-                return self._settled_by_handler(lease)
-            mean = self._handler_mean
-            self._handler_mean = elapsed if mean is None else mean + _EWMA * (elapsed - mean)
-            self.duration_policy.observe(elapsed)
-            if self.idempotency is not None:
-                self.idempotency.record(message.id)
-            return "handled", None
-        except errors.LeaseLost as exc:
-            self._count("lost")
-            return "lost", exc
-        except errors.LeaseStateError as exc:
-            if lease.state is LeaseState.ABANDONED and self._shutting_down:
-                return "abandoned_at_shutdown", None
-            raise exc
-        except errors.LeaseError as exc:
-            self._count("settle_errors")
-            _log.error("could not settle message %r: %s", message.id, exc)
-            return "error", exc
+                error = exc
 
-    def _settled_by_handler(self, lease: Lease) -> tuple[str, BaseException | None]:
-        """A handler given the lease settled it itself: count that, settle nothing more."""
-        state = lease.state
-        self._count(_SELF_SETTLED[state])
-        return state.value, None
+    def _run_handler(self, lease: Lease) -> None:
+        """Call the handler; keep the running mean of its time that sizes chunks."""
+        start = time.monotonic()
+        self.handler(lease if self.pass_lease else lease.message)
+        elapsed = time.monotonic() - start
+        mean = self._handler_mean
+        self._handler_mean = elapsed if mean is None else mean + _EWMA * (elapsed - mean)
 
     def _count(self, name: str) -> None:
-        with self._lock:
-            setattr(self._stats, name, getattr(self._stats, name) + 1)
+        self._tally.add(name)
 
     # ---------------------------------------------------------------- shutdown
 
     def _shutdown(self, workers: list[threading.Thread], keeper: LeaseKeeper) -> None:
-        self._shutting_down = True
+        self._worker.shutting_down = True
         with self._lock:
             self._closing = True
             unstarted = list(self._buffer)
             self._buffer.clear()
             self._stats.buffered = 0
             self._ready.notify_all()
-        self._give_back_many(unstarted, keeper, "abandoned_at_shutdown", " at shutdown")
+        self._give_back_many(unstarted, keeper, "abandoned_at_shutdown")
         deadline = time.monotonic() + self.shutdown_grace
         self._shutdown_deadline = deadline
         for worker in workers:
@@ -762,16 +623,14 @@ class Consumer:
                     lease.message.id,
                     self.shutdown_grace,
                 )
-        self._give_back_many(overdue, keeper, "abandoned_at_shutdown", " at shutdown")
+        self._give_back_many(overdue, keeper, "abandoned_at_shutdown")
         if self._own_keeper:
             keeper.stop()
             self._keeper = None
-        self._shutting_down = False
+        self._worker.shutting_down = False
         self._shutdown_deadline = None
 
-    def _give_back_many(
-        self, leases: list[Lease], keeper: LeaseKeeper, counter: str, when: str
-    ) -> None:
+    def _give_back_many(self, leases: list[Lease], keeper: LeaseKeeper, counter: str) -> None:
         """Abandon the held ones of ``leases`` in one call bounded by ``SHUTDOWN_CALL_TIMEOUT``.
 
         A lease not given back in time is left to expire: it comes back then,
@@ -782,31 +641,10 @@ class Consumer:
         if not held:
             return
         try:
-            results = self.queue.abandon_many(held, timeout=SHUTDOWN_CALL_TIMEOUT)
+            results: list[Any] = self.queue.abandon_many(held, timeout=SHUTDOWN_CALL_TIMEOUT)
         except (errors.LeaseError, errors.LeaseStateError) as exc:
             results = [exc] * len(held)
-        given = 0
-        for lease, result in zip(held, results, strict=True):
-            if result is None:
-                given += 1
-            elif not isinstance(result, errors.LeaseStateError):
-                _log.warning("could not abandon message %r%s: %s", lease.message.id, when, result)
-        if given:
-            with self._lock:
-                setattr(self._stats, counter, getattr(self._stats, counter) + given)
-
-    def _give_back(
-        self, lease: Lease, keeper: LeaseKeeper, counter: str = "abandoned", when: str = ""
-    ) -> None:
-        """Stop keeping ``lease`` and abandon it if still held; count it in ``counter``."""
-        keeper.discard(lease)
-        if lease.state is not LeaseState.HELD:
-            return
-        try:
-            lease.abandon()
-            self._count(counter)
-        except (errors.LeaseError, errors.LeaseStateError) as exc:
-            _log.warning("could not abandon message %r%s: %s", lease.message.id, when, exc)
+        self._worker.given_back(held, results, counter)
 
     def _install_signals(self) -> Callable[[], None]:
         if not self.handle_signals or threading.current_thread() is not threading.main_thread():

@@ -212,6 +212,10 @@ class Lease:
         if error is not None:
             callback(self, error)
 
+    def remove_on_lost(self, callback: Callable[[Lease, LeaseLost], None]) -> None:
+        """Forget a callback given to :meth:`on_lost` (nothing happens if it is not there)."""
+        self._record.remove_on_lost(callback)
+
     # -------------------------------------------------------- context manager
 
     def __enter__(self) -> Lease:

@@ -260,6 +260,12 @@ class LeaseRecord:
                 return None
             return self.lost_error
 
+    def remove_on_lost(self, callback: Callable[[Lease, LeaseLost], None]) -> None:
+        """Forget ``callback`` (registered with :meth:`on_lost`), if it is still waiting."""
+        with self._mutex:
+            if callback in self._on_lost:
+                self._on_lost.remove(callback)
+
     def __repr__(self) -> str:
         busy: Any = f" busy={self.busy}" if self.busy else ""
         return f"<LeaseRecord {self.state.value}{busy} left={self.time_left():.1f}s>"

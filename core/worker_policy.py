@@ -1,46 +1,89 @@
-"""What a worker does with a message, written once for the threaded and the asyncio worker.
+"""The worker, written once: what happens to a message, driven by threads or by tasks.
 
 :class:`~leasekit.Consumer` (threads) and :class:`~leasekit.aio.AsyncConsumer`
-(tasks) differ only in how they wait; the rules are here: the settings and
-their checks, when a message is poison, how long a failed one waits before it
-is delivered again, how receive and completion failures are retried, and what
-a failed completion means (:func:`completion_outcome`).
+(tasks) differ only in how they wait. Everything they decide is here, once:
+
+- the settings and their checks (:class:`WorkerSettings`) and the counters
+  (:class:`ConsumerStats`, kept by a :class:`Tally`);
+- the receive budget (:class:`ReceiveBudget`): how many messages to ask for,
+  when there is room, the pause after a failed receive and its log lines;
+- what happens to one message (:func:`message_flow`): poison → duplicate →
+  handler → outcome, as a generator that *yields* each step that waits —
+  a :class:`Call` (dead-letter, idempotency check or record, complete,
+  abandon) or :class:`RunHandler` — and *returns* the :class:`Outcome`. The
+  threaded face performs a step by calling it, the asyncio face by awaiting
+  it; a step's error is thrown back into the flow (the pattern of httpx's
+  ``Auth.auth_flow``);
+- what a completion came to (:meth:`Worker.finish`), how transiently failed
+  completions are retried (:func:`retry_flow`), and how giving leases back
+  is counted (:meth:`Worker.given_back`).
+
+The rule for a lease found lost while its handler ran, the same on both faces:
+a handler that *returned* did its work, so its id is recorded in the
+idempotency store and the completion is tried (a receipt nobody re-leased may
+still be honoured); if the backend refuses it, it counts as
+``stale_on_complete``. A handler that *raised* (``lease.check()`` inside it,
+say) did not finish: nothing is recorded, and the message counts as ``lost``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
-from dataclasses import dataclass
-from typing import Any
+import threading
+import time
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from . import errors
 from .capabilities import Capabilities
 from .duration_policy import FixedLeaseDuration, LeaseDurationPolicy
+from .health import WorkerPulse
 from .idempotency import IdempotencyStore
 from .keeper import LeaseKeeper
 from .lease import Lease
 from .message import LeaseState
 from .options import MAX_SECONDS, check_bool, check_int, check_number
 
+if TYPE_CHECKING:
+    from .queue import Queue
+
 __all__ = [
+    "LEASE_WAIT",
     "RECEIVE_BACKOFF_MAX",
     "RECEIVE_BACKOFF_START",
+    "ROOM_WAIT",
     "SETTLE_BACKOFF_MAX",
     "SETTLE_BACKOFF_START",
     "SETTLE_RETRY_LIMIT",
     "SHUTDOWN_CALL_TIMEOUT",
+    "Call",
+    "ConsumerStats",
+    "Failure",
+    "Outcome",
+    "Pause",
+    "ReceiveBudget",
+    "RunHandler",
+    "Tally",
+    "Worker",
     "WorkerSettings",
     "abandon_delay",
     "completion_outcome",
     "poison_reason",
     "receive_pause",
+    "retry_flow",
     "settle_pause",
     "transient",
 ]
 
 _log = logging.getLogger("leasekit.consumer")
 
+#: How long one lease call waits for messages; bounds how fast ``stop()`` is noticed.
+LEASE_WAIT = 1.0
+#: How long the receive loop waits at a time for room in the buffer.
+ROOM_WAIT = 0.5
 #: Backoff after a failed receive (seconds): first, and the cap. A worker loop
 #: never exits on a transient fault; it waits and tries again while its workers
 #: and the keeper go on.
@@ -55,6 +98,62 @@ SETTLE_RETRY_LIMIT = 60.0
 #: How long giving leases back at shutdown may take in all; a lease not given
 #: back in time comes back by itself when its physical lease runs out.
 SHUTDOWN_CALL_TIMEOUT = 2.0
+
+#: What settling one lease came to: ``None`` (done) or the error.
+Failure = errors.LeaseError | errors.LeaseStateError | None
+#: States a handler given the lease may leave it in, and the counter each adds to.
+#: (A lease found lost is not among them: see the module's rule.)
+SELF_SETTLED = {
+    LeaseState.COMPLETED: "completed",
+    LeaseState.ABANDONED: "abandoned",
+    LeaseState.DEAD_LETTERED: "dead_lettered",
+}
+
+
+@dataclass
+class ConsumerStats:
+    """What a consumer did. Counters only grow; ``in_flight`` and ``buffered`` are current.
+
+    ``buffered``: leased, not yet taken by a worker. ``in_flight``: taken by a
+    worker (being handled, or next in its chunk), not yet finished.
+    """
+
+    received: int = 0
+    completed: int = 0
+    failed: int = 0
+    abandoned: int = 0
+    dead_lettered: int = 0
+    duplicates_skipped: int = 0
+    stale_on_complete: int = 0
+    lost: int = 0
+    settle_errors: int = 0
+    settle_retries: int = 0
+    receive_errors: int = 0
+    abandoned_at_shutdown: int = 0
+    in_flight: int = 0
+    buffered: int = 0
+    lease_duration: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The counters as a plain dict."""
+        return asdict(self)
+
+
+class Tally:
+    """A worker's :class:`ConsumerStats`, counted from any thread or task.
+
+    ``lock`` guards the counters; the threaded face uses it for its own state too.
+    """
+
+    def __init__(self, lock: threading.Lock | threading.RLock | None = None) -> None:
+        self.lock = lock or threading.Lock()
+        self.stats = ConsumerStats()
+
+    def add(self, counter: str, count: int = 1) -> None:
+        """Add ``count`` to the counter named ``counter``."""
+        if count:
+            with self.lock:
+                setattr(self.stats, counter, getattr(self.stats, counter) + count)
 
 
 @dataclass(frozen=True)
@@ -223,3 +322,285 @@ def completion_outcome(
         return "error", "settle_errors", failure
     _log.error("could not settle message %r: %s", lease.message.id, failure)
     return "error", "settle_errors", failure
+
+
+# ------------------------------------------------------------------ the steps
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """A blocking step: the threaded face calls ``fn()``; the asyncio face runs it off the loop."""
+
+    fn: Callable[[], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RunHandler:
+    """The step that runs the handler on ``lease`` (each face knows its handler and argument)."""
+
+    lease: Lease
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """A step that waits ``seconds`` (or less, if the worker is told to stop)."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What became of a message: the ``leasekit_after_process`` hook's outcome and error.
+
+    ``handled``: the handler returned and the lease waits to be completed (each
+    face completes in its own batches, then calls :meth:`Worker.finish`).
+    """
+
+    name: str
+    error: BaseException | None = None
+
+
+#: A message's flow: yields steps, is sent each step's result, returns its outcome.
+MessageFlow = Generator[Call | RunHandler, Any, Outcome]
+
+
+# ----------------------------------------------------------------- the worker
+
+
+class Worker:
+    """The rules one consumer applies, shared by its threaded or asyncio face.
+
+    Parameters
+    ----------
+        queue: the (sync) queue consumed.
+        settings: the checked settings.
+        tally: where the counters go.
+    """
+
+    def __init__(self, queue: Queue, settings: WorkerSettings, tally: Tally) -> None:
+        self.queue = queue
+        self.settings = settings
+        self.tally = tally
+        self.capabilities = queue.capabilities
+        #: Set while the worker gives its leases back: an abandoned lease is then
+        #: counted ``abandoned_at_shutdown``, not an error.
+        self.shutting_down = False
+        #: Whether a plugin brackets each handler call (``leasekit_before_handle``...).
+        self.bracket = False
+
+    def begin(self) -> None:
+        """A run starts: see which plugins observe the handler calls."""
+        events = self.queue.events
+        self.bracket = events.observed("leasekit_before_handle") or events.observed(
+            "leasekit_after_handle"
+        )
+        self.shutting_down = False
+
+    def lease_duration(self) -> float:
+        """The physical lease for the next receive."""
+        return self.settings.lease_duration(self.capabilities, self.queue.check_duration)
+
+    def message_flow(self, lease: Lease) -> MessageFlow:
+        """What happens to one leased message, as steps (see the module docstring).
+
+        Poison (``delivery_count > max_deliveries``) is dead-lettered; an id in
+        the idempotency store is completed without the handler; a lease found
+        lost before its turn is left alone; otherwise the handler runs: raising
+        abandons the message with backoff, returning records its id and leaves
+        it to be completed (``handled``), unless a handler given the lease
+        settled it itself.
+        """
+        settings = self.settings
+        tally = self.tally
+        message = lease.message
+        events = self.queue.events
+        try:
+            poison = poison_reason(message.delivery_count, settings.max_deliveries)
+            if poison is not None:
+                yield Call(lambda: lease.dead_letter(poison))
+                tally.add("dead_lettered")
+                return Outcome("dead_lettered")
+            store = settings.idempotency
+            if store is not None and (yield Call(lambda: store.seen(message.id))):
+                tally.add("duplicates_skipped")
+                with contextlib.suppress(errors.LeaseLost):  # someone else settles it then
+                    yield Call(lease.complete)
+                return Outcome("duplicate")
+            if lease.state is LeaseState.LOST:
+                # Found lost (a frozen worker, say) before its handler started.
+                tally.add("lost")
+                return Outcome("lost")
+            bracket = self.bracket
+            if bracket:
+                events.emit("leasekit_before_handle", lease=lease)
+            start = time.monotonic()
+            try:
+                yield RunHandler(lease)
+            except Exception as exc:
+                if bracket:
+                    events.emit("leasekit_after_handle", lease=lease, error=exc)
+                tally.add("failed")
+                _log.warning("handler failed on message %r: %r", message.id, exc)
+                delay = abandon_delay(message.delivery_count, settings, self.capabilities)
+                yield Call(lambda: lease.abandon(delay))
+                tally.add("abandoned")
+                return Outcome("abandoned", exc)
+            elapsed = time.monotonic() - start
+            if bracket:
+                events.emit("leasekit_after_handle", lease=lease, error=None)
+            state = lease.state
+            if settings.pass_lease and state in SELF_SETTLED:
+                tally.add(SELF_SETTLED[state])  # the handler settled it itself
+                return Outcome(state.value)
+            settings.duration_policy.observe(elapsed)
+            if store is not None:
+                yield Call(lambda: store.record(message.id))
+            return Outcome("handled")
+        except errors.LeaseLost as exc:
+            tally.add("lost")
+            return Outcome("lost", exc)
+        except errors.LeaseStateError as exc:
+            if lease.state is LeaseState.ABANDONED and self.shutting_down:
+                return Outcome("abandoned_at_shutdown")
+            raise exc
+        except errors.LeaseError as exc:
+            tally.add("settle_errors")
+            _log.error("could not settle message %r: %s", message.id, exc)
+            return Outcome("error", exc)
+
+    def finish(self, lease: Lease, failure: Failure) -> Outcome:
+        """Count what completing a handled lease came to, and tell the lease policy."""
+        outcome, counter, error = completion_outcome(
+            lease, failure, shutting_down=self.shutting_down
+        )
+        if counter is not None:
+            self.tally.add(counter)
+        if outcome == "stale":
+            self.settings.duration_policy.stale()
+        return Outcome(outcome, error)
+
+    def given_back(
+        self, leases: Sequence[Lease], results: Sequence[BaseException | None], counter: str
+    ) -> None:
+        """Count the leases an ``abandon_many`` gave back in ``counter``; log the others.
+
+        A lease settled meanwhile (a :class:`LeaseStateError`) is neither. One
+        not given back comes back by itself when its physical lease runs out.
+        """
+        given = 0
+        for lease, result in zip(leases, results, strict=True):
+            if result is None:
+                given += 1
+            elif not isinstance(result, errors.LeaseStateError):
+                _log.warning("could not abandon message %r: %s", lease.message.id, result)
+        self.tally.add(counter, given)
+
+
+def retry_flow(
+    leases: Sequence[Lease],
+    failures: Sequence[Failure],
+    tally: Tally,
+    give_up: Callable[[], float],
+) -> Generator[Pause | list[Lease], list[Failure], list[Failure]]:
+    """Retry completions that failed transiently while their leases are still held.
+
+    Yields a :class:`Pause` to wait, or the list of leases to complete again
+    (the face sends back one result each); returns the final results. The
+    keeper goes on renewing the leases meanwhile, so a short outage costs a
+    delay, not a second delivery. Stops for a lease when it is completed,
+    found lost (the keeper marks it at its deadline) or refused for good; and
+    for all once ``give_up()`` (a monotonic time: ``SETTLE_RETRY_LIMIT`` after
+    the first try, or the shutdown grace's end) has passed.
+    """
+    results = list(failures)
+    limit = time.monotonic() + SETTLE_RETRY_LIMIT
+    attempt = 0
+    while True:
+        pending = [
+            i
+            for i, failure in enumerate(results)
+            if transient(failure) and leases[i].state is LeaseState.HELD
+        ]
+        end = min(limit, give_up())
+        now = time.monotonic()
+        if not pending or now >= end:
+            return results
+        attempt += 1
+        yield Pause(min(settle_pause(attempt), end - now))
+        again = [leases[i] for i in pending]
+        tally.add("settle_retries", len(again))
+        outcome = yield again
+        for i, failure in zip(pending, outcome, strict=True):
+            results[i] = failure
+
+
+class ReceiveBudget:
+    """How a receive loop spends its room: how many to ask for, and how it backs off.
+
+    Parameters
+    ----------
+        settings: the worker's settings (``concurrency + prefetch`` is the room).
+        capabilities: the backend's (its receive batch).
+        pulse: where the loop's progress is recorded for health.
+        queue_name: for log lines.
+    """
+
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        capabilities: Capabilities,
+        pulse: WorkerPulse,
+        queue_name: str,
+    ) -> None:
+        self.limit = settings.concurrency + settings.prefetch
+        self.batch = capabilities.max_receive_batch
+        # Lease again only when a worthwhile batch fits: refilling one slot at a
+        # time turns every completion into a receive call.
+        self.refill = max(1, min(self.batch, self.limit // 2))
+        self.pulse = pulse
+        self.queue_name = queue_name
+        self.failures = 0  # receives failed in a row
+
+    def full(self, outstanding: int) -> bool:
+        """Whether ``outstanding`` messages (buffered, in flight, being received) leave no room."""
+        return outstanding > self.limit - self.refill
+
+    def want(self, outstanding: int) -> int:
+        """How many messages to ask for next."""
+        return max(1, min(self.limit - outstanding, self.batch))
+
+    def receiving(self, call_timeout: float) -> None:
+        """A receive starts (for health: it returns within its long poll and ``call_timeout``)."""
+        self.pulse.receiving(LEASE_WAIT, LEASE_WAIT + call_timeout)
+
+    def failed(self, exc: errors.LeaseError, tally: Tally) -> float | None:
+        """A receive failed: the pause before the next one, or ``None`` to stop (not transient).
+
+        A transient failure (:class:`BackendUnavailable`) is counted and logged
+        the first time and every tenth; the loop never exits on one. Anything
+        else (authentication, queue not found) cannot be helped by retrying.
+        """
+        self.pulse.failed(exc)
+        if not isinstance(exc, errors.BackendUnavailable):
+            _log.error("consumer of %r stops: receiving failed: %s", self.queue_name, exc)
+            return None
+        self.failures += 1
+        tally.add("receive_errors")
+        pause = receive_pause(self.failures)
+        if self.failures == 1 or self.failures % 10 == 0:
+            _log.warning(
+                "receiving from %r failed (%d in a row), retrying in %.1f s: %s",
+                self.queue_name,
+                self.failures,
+                pause,
+                exc,
+            )
+        self.pulse.expect(pause)
+        return pause
+
+    def received(self) -> None:
+        """A receive reached the queue (with or without messages)."""
+        self.pulse.received()
+        if self.failures:
+            _log.info("receiving from %r works again", self.queue_name)
+            self.failures = 0

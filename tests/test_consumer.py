@@ -146,11 +146,20 @@ def test_bad_construction_is_refused(queue: Queue, kwargs: dict[str, object]) ->
         leasekit.Consumer(queue, handler, **kwargs)  # type: ignore[arg-type]
 
 
+def _leasekit_threads() -> list[str]:
+    """leasekit's threads alive now, but for leasekit.aio's process-wide pool (not a Consumer's)."""
+    return [
+        t.name
+        for t in threading.enumerate()
+        if t.name.startswith("leasekit-") and not t.name.startswith("leasekit-aio-shared")
+    ]
+
+
 def _stop_and_wait_for_shutdown(consumer: leasekit.Consumer) -> None:
     """Stop ``consumer`` and poll (with a deadline) until its shutdown has begun."""
     consumer.stop()
     deadline = time.monotonic() + 5
-    while not consumer._shutting_down and time.monotonic() < deadline:
+    while not consumer._worker.shutting_down and time.monotonic() < deadline:
         time.sleep(0.01)  # until the consumer is shutting down (it notices within 1 s)
 
 
@@ -177,7 +186,7 @@ def test_stop_abandons_unstarted_messages_and_waits_for_in_flight(queue: Queue) 
     counts = queue.stats()
     assert counts.leased == 0, "a clean stop left messages leased"
     assert counts.visible == 10 - stats.completed
-    assert [t for t in threading.enumerate() if t.name.startswith("leasekit-")] == []
+    assert _leasekit_threads() == []
 
 
 def test_handler_past_the_grace_period_has_its_lease_abandoned(queue: Queue) -> None:
@@ -631,7 +640,7 @@ def test_several_receivers_lease_at_once_and_every_message_is_handled_once(
     assert stats.completed == 300 and sorted(seen) == sorted(b"%d" % i for i in range(300))
     assert len(set(callers)) >= 2, f"only one thread leased: {set(callers)}"
     assert queue.stats().visible == 0 and queue.stats().leased == 0
-    assert [t for t in threading.enumerate() if t.name.startswith("leasekit-")] == []
+    assert _leasekit_threads() == []
 
 
 def test_a_receiver_failing_stops_the_run_with_its_error_and_leaves_nothing_leased(
