@@ -1019,6 +1019,9 @@ class AsyncConsumer:
     def _outstanding(self) -> int:
         return len(self._buffer) + len(self._in_flight)
 
+    def _stopping(self) -> bool:
+        return self._stop is not None and self._stop.is_set()
+
     # ------------------------------------------------------------ the receiver
 
     async def _receive(
@@ -1077,7 +1080,8 @@ class AsyncConsumer:
         """A worker task: take a message, handle it, settle it; until the buffer is closed."""
         while True:
             async with ready:
-                while not self._buffer and not self._worker.shutting_down:
+                # Once stop() is asked, no new message is started: the buffer goes back.
+                while (not self._buffer or self._stopping()) and not self._worker.shutting_down:
                     await ready.wait()
                 if not self._buffer:
                     return

@@ -454,7 +454,8 @@ class Consumer:
         """A worker thread: take a chunk from the buffer, handle it, repeat until closing."""
         while True:
             with self._lock:
-                while not self._buffer and not self._closing:
+                # Once stop() is asked, no new message is started: the buffer goes back.
+                while (not self._buffer or self._stop.is_set()) and not self._closing:
                     self._ready.wait()
                 if not self._buffer:
                     return
@@ -485,7 +486,7 @@ class Consumer:
         done: list[Lease] = []  # handled, waiting to be completed
         oldest = 0.0
         for position, lease in enumerate(chunk):
-            if self._closing:
+            if self._closing or self._stop.is_set():
                 # Stopping: what this worker has not started goes back to the queue.
                 self._flush(done, keeper)
                 self._give_back_many(chunk[position:], keeper, "abandoned_at_shutdown")
