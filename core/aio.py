@@ -99,6 +99,10 @@ DEFAULT_THREADS = 8
 #: Longest step of ``lease_one(wait=None)``: it waits in long polls of this many seconds.
 LEASE_ONE_STEP = 20.0
 
+#: How long a cancelled AsyncConsumer waits for its completion calls in flight
+#: before it raises (they go on; a lease whose completion fails comes back when
+#: its physical lease ends).
+CANCEL_SETTLE_WAIT = 0.5
 #: A running AsyncConsumer stamps its event loop's tick this often, so its health
 #: shows a blocked loop (a handler doing CPU work or blocking I/O) as it happens.
 LOOP_TICK = 0.25
@@ -800,16 +804,29 @@ class _Completer:
         self._pending: list[tuple[Lease, asyncio.Future[Failure]]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._flushing: set[asyncio.Task[None]] = set()
+        self._busy: set[int] = set()  # ids of the leases submitted and not yet settled
 
-    async def complete(self, lease: Lease) -> Failure:
+    def submit(self, lease: Lease) -> asyncio.Future[Failure]:
+        """Queue ``lease`` for a shared batch; the future gets its result (never an error)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Failure] = loop.create_future()
         self._pending.append((lease, future))
+        self._busy.add(id(lease))
         if len(self._pending) >= self._size:
             self._flush()
         elif self._timer is None:
             self._timer = loop.call_later(self._window, self._flush)
-        return await future
+        return future
+
+    def holds(self, lease: Lease) -> bool:
+        """Whether ``lease`` waits for, or is in, a completion call."""
+        return id(lease) in self._busy
+
+    async def drain(self, timeout: float) -> None:
+        """Send what waits for company now; wait up to ``timeout`` s for the calls in flight."""
+        self._flush()
+        if self._flushing:
+            await asyncio.wait(list(self._flushing), timeout=timeout)
 
     def _flush(self) -> None:
         if self._timer is not None:
@@ -829,7 +846,8 @@ class _Completer:
             results = [exc] * len(batch)
         except Exception as exc:  # never leave a waiting completion stranded
             results = [errors.BackendError(f"batch complete failed: {exc!r}")] * len(batch)
-        for (_, future), result in zip(batch, results, strict=True):
+        for (lease, future), result in zip(batch, results, strict=True):
+            self._busy.discard(id(lease))
             if not future.done():
                 future.set_result(result)
 
@@ -999,7 +1017,9 @@ class AsyncConsumer:
         finally:
             self._pulse.stopping()
             events.emit("leasekit_worker_event", name="stopping", details=details)
-            await asyncio.shield(self._shutdown(workers, keeper, ready, own_keeper, grace))
+            await asyncio.shield(
+                self._shutdown(workers, keeper, completer, ready, own_keeper, grace)
+            )
             restore()
             if self._ticker is not None:
                 self._ticker.cancel()
@@ -1104,11 +1124,27 @@ class AsyncConsumer:
         events.emit("leasekit_before_process", lease=lease)
         outcome = await self._drive(self._worker.message_flow(lease))
         if outcome.name == "handled":
-            outcome = self._worker.finish(lease, await self._complete(lease, completer))
-            if outcome.name == "completed":
-                self._tally.add("completed")
+            outcome = self._completed(lease, await self._complete(lease, keeper, completer))
         keeper.discard(lease)
         events.emit(
+            "leasekit_after_process", lease=lease, error=outcome.error, outcome=outcome.name
+        )
+
+    def _completed(self, lease: Lease, failure: Failure) -> Outcome:
+        outcome = self._worker.finish(lease, failure)
+        if outcome.name == "completed":
+            self._tally.add("completed")
+        return outcome
+
+    def _completed_late(
+        self, lease: Lease, keeper: LeaseKeeper, future: asyncio.Future[Failure]
+    ) -> None:
+        """A completion whose worker was cancelled meanwhile ended: count it as any other."""
+        if future.cancelled():
+            return
+        outcome = self._completed(lease, future.result())
+        keeper.discard(lease)
+        self.queue.events.emit(
             "leasekit_after_process", lease=lease, error=outcome.error, outcome=outcome.name
         )
 
@@ -1134,9 +1170,18 @@ class AsyncConsumer:
             except Exception as exc:
                 error = exc
 
-    async def _complete(self, lease: Lease, completer: _Completer) -> Failure:
-        """Complete in a shared batch; retry a transient failure (``retry_flow``)."""
-        failure = await completer.complete(lease)
+    async def _complete(self, lease: Lease, keeper: LeaseKeeper, completer: _Completer) -> Failure:
+        """Complete in a shared batch; retry a transient failure (``retry_flow``).
+
+        Cancelled while the completion call is in flight, the call still ends on
+        its own; it is counted (and its hook emitted) then.
+        """
+        future = completer.submit(lease)
+        try:
+            failure = await asyncio.shield(future)
+        except asyncio.CancelledError:
+            future.add_done_callback(partial(self._completed_late, lease, keeper))
+            raise
         if not transient(failure):
             return failure
         flow = retry_flow([lease], [failure], self._tally, self._give_up_at)
@@ -1147,7 +1192,7 @@ class AsyncConsumer:
                     await asyncio.sleep(step.seconds)
                     step = flow.send([])
                 else:
-                    step = flow.send([await completer.complete(again) for again in step])
+                    step = flow.send([await completer.submit(again) for again in step])
         except StopIteration as stop:
             return stop.value[0]  # type: ignore[no-any-return]
 
@@ -1161,6 +1206,7 @@ class AsyncConsumer:
         self,
         workers: list[asyncio.Task[None]],
         keeper: LeaseKeeper,
+        completer: _Completer,
         ready: asyncio.Condition,
         own_keeper: bool,
         grace: float,
@@ -1194,6 +1240,10 @@ class AsyncConsumer:
             if running:
                 # A handler that swallows its cancellation is not waited for past this.
                 await asyncio.wait(running, timeout=SHUTDOWN_CALL_TIMEOUT)
+            # Completions in flight end on their own (and are counted then); wait for
+            # them briefly, and leave their leases alone: they are being settled.
+            await completer.drain(SHUTDOWN_CALL_TIMEOUT if grace > 0 else CANCEL_SETTLE_WAIT)
+            overdue = [lease for lease in overdue if not completer.holds(lease)]
             if overdue:
                 _log.warning(
                     "%d handler(s) did not finish within the %.0f s grace period; abandoning "
