@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from . import dead_letters, errors
 from .capabilities import Capabilities
-from .deadline import deadline
+from .deadline import deadline, time_left
 from .error_mapping import wrap_error
 from .events import Events
 from .lease import Lease
@@ -605,9 +605,14 @@ class Queue:
         Parameters:
             leases: leases of this queue.
             duration: the new physical lease for each; each lease's last one if ``None``.
-            timeout: the longest the whole call may take (default: the least time
-                left on the leases, at most the queue's ``call_timeout``); a renewal
-                never outlives the lease it renews.
+            timeout: the longest the whole call may take: one deadline for all its
+                backend calls, each getting at most what is left of it (and never
+                more than its leases' time left); leases whose batch was not sent
+                before it passed get a :class:`BackendUnavailable`, still held.
+                Without it (the keeper's way), each batch's deadline is the least
+                time left on its own leases, at most the queue's ``call_timeout``,
+                so one hung batch fails no other. A renewal never outlives the
+                lease it renews.
             lateness: for a keeper, per lease, how many seconds after its planned
                 point this renewal started; passed on to ``leasekit_lease_renewed``.
 
@@ -660,7 +665,11 @@ class Queue:
             leases: leases of this queue.
             timeout: the longest the whole call may take (default: the least time
                 left on the leases, at least ``MIN_SETTLE_TIMEOUT``, at most the
-                queue's ``call_timeout``).
+                queue's ``call_timeout``). One deadline for all its backend calls:
+                each batch gets at most what is left of it, and the leases of a
+                batch not sent before it passed get a :class:`BackendUnavailable`
+                without a call (still held). A lease busy with a renewal is waited
+                for before the deadline starts, at most until its time is up.
 
         Returns:
             One result per lease, in order: ``None`` when completed; a
@@ -857,7 +866,10 @@ class Queue:
         hook: str,
         **hook_kwargs: Any,
     ) -> list[errors.LeaseError | errors.LeaseStateError | None]:
-        """Settle held leases in backend-sized batches; one result each (see complete_many)."""
+        """Settle held leases in backend-sized batches under one deadline; one result each.
+
+        See :meth:`complete_many`.
+        """
         results: list[Any] = [None] * len(leases)
         observed = self._observes(_BEFORE_SETTLE, _AFTER_SETTLE)
         if observed:
@@ -867,20 +879,24 @@ class Queue:
         try:
             taken, repeats = self._take(leases, SETTLE, action, results)
             chunks = [taken[start : start + size] for start in range(0, len(taken), size)]
-            for position, chunk in enumerate(chunks):
-                receipts = [receipt for _, _, receipt in chunk]
-                timeout = self._lease_timeout([lz for _, lz, _ in chunk], limit, settle=True)
-                outcome = self._batch_call(
-                    action, partial(call, receipts), timeout, chunks, position
-                )
-                for (i, lease, _), result in zip(chunk, outcome, strict=True):
-                    if result is None:
-                        lease._record.settled(state)
-                        done.append(lease)
-                        continue
-                    failure = self._entry_error(result, action)
-                    lease._record.failed(failure)
-                    results[i] = failure
+            held = [lease for _, lease, _ in taken]
+            whole = self._lease_timeout(held, limit, settle=True) if held else None
+            with deadline(whole):  # one for the whole call: each chunk gets what is left
+                for position, chunk in enumerate(chunks):
+                    if self._out_of_time(action, chunks, position, results):
+                        break
+                    receipts = [receipt for _, _, receipt in chunk]
+                    outcome = self._batch_call(
+                        action, partial(call, receipts), None, chunks, position
+                    )
+                    for (i, lease, _), result in zip(chunk, outcome, strict=True):
+                        if result is None:
+                            lease._record.settled(state)
+                            done.append(lease)
+                            continue
+                        failure = self._entry_error(result, action)
+                        lease._record.failed(failure)
+                        results[i] = failure
             _copy_repeats(results, repeats)
         except BaseException as exc:
             error = exc
@@ -904,13 +920,13 @@ class Queue:
         self,
         action: str,
         fn: Callable[[], list[T]],
-        timeout: float,
+        timeout: float | None,
         chunks: list[list[tuple[int, Lease, str]]],
         position: int,
         *,
         raise_whole: bool = True,
     ) -> list[T | BaseException]:
-        """One backend call for ``chunks[position]``, under ``timeout``.
+        """One backend call for ``chunks[position]``, under ``timeout`` (``None``: the enclosing).
 
         A call that fails as a whole (the queue is gone, the backend is out of
         reach) raises its leasekit error, after the leases of this chunk are
@@ -932,6 +948,32 @@ class Queue:
         except BaseException:
             self._release_chunks(chunks[position:])
             raise
+
+    def _out_of_time(
+        self,
+        action: str,
+        chunks: list[list[tuple[int, Lease, str]]],
+        position: int,
+        results: list[Any],
+    ) -> bool:
+        """Whether the call's deadline passed before ``chunks[position]`` was sent.
+
+        If it did, each lease of that chunk and the later ones gets a
+        :class:`BackendUnavailable` result without a backend call, and is given
+        back unchanged: still held, so a caller may try again.
+        """
+        left = time_left()
+        if left is None or left > 0:
+            return False
+        error = errors.BackendUnavailable(
+            f"{action} on {self.name!r}: the call's timeout passed before this lease's "
+            "batch was sent (nothing was asked of the backend; the lease is still held)"
+        )
+        for chunk in chunks[position:]:
+            for i, lease, _ in chunk:
+                lease._record.release()
+                results[i] = error
+        return True
 
     @staticmethod
     def _release_chunks(chunks: list[list[tuple[int, Lease, str]]]) -> None:
@@ -1018,28 +1060,35 @@ class Queue:
             for start in range(0, len(group), size)
         ]
         chunks = [chunk for _, chunk in plan]
-        for position, (physical, chunk) in enumerate(plan):
-            receipts = [receipt for _, _, receipt in chunk]
-            fn = partial(self._driver.change_visibility, receipts, physical)
-            left = self._lease_timeout([lz for _, lz, _ in chunk], timeout, settle=False)
-            started = time.monotonic()
-            outcome = self._batch_call("renew", fn, left, chunks, position, raise_whole=raise_whole)
-            for (i, lease, _), result in zip(chunk, outcome, strict=True):
-                if isinstance(result, Visibility):
-                    lost = lease._record.renewed(
-                        result.receipt,
-                        result.visible_until,
-                        physical,
-                        started,
-                        late_is_lost=late_is_lost,
-                    )
-                    if lost is None:
-                        renewed.append(i)
-                    results[i] = lost
-                    continue
-                failure = self._entry_error(result, "renew")
-                lease._record.failed(failure)
-                results[i] = failure
+        # A timeout given bounds the whole call; without one (the keeper's way) each
+        # chunk's deadline is its own leases' time left, so one hung chunk fails no other.
+        with deadline(timeout):
+            for position, (physical, chunk) in enumerate(plan):
+                if timeout is not None and self._out_of_time("renew", chunks, position, results):
+                    break
+                receipts = [receipt for _, _, receipt in chunk]
+                fn = partial(self._driver.change_visibility, receipts, physical)
+                left = self._lease_timeout([lz for _, lz, _ in chunk], timeout, settle=False)
+                started = time.monotonic()
+                outcome = self._batch_call(
+                    "renew", fn, left, chunks, position, raise_whole=raise_whole
+                )
+                for (i, lease, _), result in zip(chunk, outcome, strict=True):
+                    if isinstance(result, Visibility):
+                        lost = lease._record.renewed(
+                            result.receipt,
+                            result.visible_until,
+                            physical,
+                            started,
+                            late_is_lost=late_is_lost,
+                        )
+                        if lost is None:
+                            renewed.append(i)
+                        results[i] = lost
+                        continue
+                    failure = self._entry_error(result, "renew")
+                    lease._record.failed(failure)
+                    results[i] = failure
         _copy_repeats(results, repeats)
 
     def _drop_expired(
