@@ -1,4 +1,13 @@
-"""The portable queue: validation, receipt tracking, retries and the long-poll loop, once."""
+"""The portable queue: one type over a driver that sends, leases, settles and checks arguments.
+
+:class:`Queue` is what users hold. It checks every argument against the
+backend's capabilities before any call, sends in the backend's batches, runs
+the long-poll loop of :meth:`Queue.lease`, and retries transient failures
+within each call's deadline. It composes the rest: renewing and settling
+leases is :class:`~leasekit.lease_operations.LeaseOperations`' work, and
+dead-lettering where the backend has no store of its own is
+:class:`~leasekit.dead_letters.DeadLetters`'.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +15,6 @@ import contextlib
 import dataclasses
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -14,17 +22,18 @@ from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
-from . import dead_letters, errors
+from . import errors
 from .capabilities import Capabilities
-from .deadline import deadline, time_left
+from .dead_letters import POISON_SUFFIX, DeadLetters, with_total
+from .deadline import deadline
 from .error_mapping import wrap_error
 from .events import Events
 from .lease import Lease
-from .lease_record import RENEW, SETTLE
+from .lease_operations import MIN_SETTLE_TIMEOUT, LeaseOperations, SettleSpec
 from .message import LeaseState, Message
 from .options import as_items, check_text, is_number
 from .retry import RetryPolicy
-from .spi import DeadLetter, Driver, OutgoingMessage, QueueStats, RawMessage, Visibility
+from .spi import DeadLetter, Driver, OutgoingMessage, QueueStats, RawMessage
 
 __all__ = [
     "DEFAULT_CALL_TIMEOUT",
@@ -40,8 +49,6 @@ T = TypeVar("T")
 #: receives of ``capabilities.max_receive_batch``. Bounded so a typo cannot
 #: lease a whole queue into one process.
 MAX_LEASE_BATCH = 1000
-#: Where core dead-letters on backends without a dead-letter store or queue of their own.
-POISON_SUFFIX = dead_letters.POISON_SUFFIX
 #: Polling between empty receives on backends that cannot long-poll: start
 #: small for latency, back off to keep an idle SQLite file cheap.
 POLL_START = 0.005
@@ -52,29 +59,14 @@ MAX_REASON = 4096
 #: bounds it (a send, an admin call; a receive gets this beyond its long poll).
 #: Shorter fails faster on a dead network; longer rides out a slow service.
 DEFAULT_CALL_TIMEOUT = 10.0
-#: Least time a settle call gets even when the lease's time is (nearly) up: a
-#: receipt past its expiry may still be honoured, and settling late harms nobody.
-MIN_SETTLE_TIMEOUT = 1.0
 #: Largest ``peek_dead_letters`` limit passed to a driver (fits every backend's integer).
 MAX_PEEK = 2**31 - 1
 
 _log = logging.getLogger("leasekit")
 
-#: The queue-call event pairs (``core/hookspecs.py``); built only when observed.
-_BEFORE_SEND, _AFTER_SEND = "leasekit_before_send", "leasekit_after_send"
-_BEFORE_RECEIVE, _AFTER_RECEIVE = "leasekit_before_receive", "leasekit_after_receive"
-_BEFORE_SETTLE, _AFTER_SETTLE = "leasekit_before_settle", "leasekit_after_settle"
-_BEFORE_RENEW, _AFTER_RENEW = "leasekit_before_renew", "leasekit_after_renew"
 
-
-def _copy_repeats(results: list[Any], repeats: list[tuple[int, int]]) -> None:
-    """Give each repeated lease's later position the result of its first one."""
-    for later, first in repeats:
-        results[later] = results[first]
-
-
-#: Not asked yet (``Driver.dead_letter_queue`` may be ``None``).
-_UNKNOWN = object()
+def _number(value: object) -> bool:
+    return is_number(value)  # also refuses an int too large for a float
 
 
 def _weight(message: OutgoingMessage) -> int:
@@ -83,10 +75,6 @@ def _weight(message: OutgoingMessage) -> int:
         len(k.encode("utf-8", "surrogatepass")) + len(v.encode("utf-8", "surrogatepass"))
         for k, v in message.properties.items()
     )
-
-
-def _number(value: object) -> bool:
-    return is_number(value)  # also refuses an int too large for a float
 
 
 class Queue:
@@ -104,7 +92,10 @@ class Queue:
             the lease's time left, and a receive gets this beyond its long poll.
 
     A queue is thread-safe and a context manager; :meth:`close` releases the
-    backend's connections.
+    backend's connections. It checks arguments, sends, receives and runs the
+    admin calls itself; renewing and settling go through its
+    :class:`~leasekit.lease_operations.LeaseOperations`, dead-lettering without
+    a native store through its :class:`~leasekit.dead_letters.DeadLetters`.
     """
 
     def __init__(
@@ -129,10 +120,9 @@ class Queue:
         )
         self._events = Events(hooks)
         self._closed = False
-        self._poison: Driver | None = None  # where core copies dead letters (opened on first use)
-        self._named_dead_letter_queue: object = _UNKNOWN
-        self._poison_lock = threading.Lock()
         self._log = _log
+        self._operations = LeaseOperations(self)
+        self._dead_letters = DeadLetters(self)
         caps = driver.capabilities
         if lease_duration is None:
             default = caps.fixed_lease if caps.fixed_lease is not None else 30.0
@@ -199,21 +189,23 @@ class Queue:
             MessageTooLarge: the body is over ``capabilities.max_message_size``.
             UnsupportedOperation: delay, ttl or properties the backend cannot carry.
         """
-        outgoing = self._outgoing(body, delay, ttl, properties)
+        messages = [self._outgoing(body, delay, ttl, properties)]
         self._require_open()
-        if not self._observes(_BEFORE_SEND, _AFTER_SEND):
-            return self._send_outgoing(outgoing)
-        [outgoing] = self._before_send([outgoing])
-        try:
-            result = self._send_outgoing(outgoing)
-        except BaseException as exc:
-            self._events.emit(
-                _AFTER_SEND, queue=self, messages=[outgoing], results=[exc], error=exc
-            )
-            raise
-        self._events.emit(
-            _AFTER_SEND, queue=self, messages=[outgoing], results=[result], error=None
-        )
+        extra: dict[str, str] = {}  # properties the send event's observers add
+        result = ""
+        with self._events.bracket(
+            "send",
+            lambda error: {
+                "queue": self,
+                "messages": messages,
+                "results": [result if error is None else error],
+            },
+            queue=self,
+            messages=messages,
+            properties=extra,
+        ):
+            messages = self._with_extra(messages, extra)
+            result = self._send_outgoing(messages[0])
         return result
 
     def _send_outgoing(self, outgoing: OutgoingMessage) -> str:
@@ -248,20 +240,22 @@ class Queue:
         ]
         self._require_open()
         results: list[str | errors.LeaseError] = []
-        if not self._observes(_BEFORE_SEND, _AFTER_SEND):
+        extra: dict[str, str] = {}  # properties the send event's observers add
+        with self._events.bracket(
+            "send",
+            lambda error: {
+                "queue": self,
+                "messages": outgoing,
+                "results": results
+                if error is None
+                else [*results, *[error] * (len(outgoing) - len(results))],
+            },
+            queue=self,
+            messages=outgoing,
+            properties=extra,
+        ):
+            outgoing = self._with_extra(outgoing, extra)
             return self._send_all(outgoing, results)
-        outgoing = self._before_send(outgoing)
-        try:
-            ids = self._send_all(outgoing, results)
-        except BaseException as exc:
-            reported: list[str | BaseException] = [*results]
-            reported += [exc] * (len(outgoing) - len(results))
-            self._events.emit(
-                _AFTER_SEND, queue=self, messages=outgoing, results=reported, error=exc
-            )
-            raise
-        self._events.emit(_AFTER_SEND, queue=self, messages=outgoing, results=results, error=None)
-        return ids
 
     def _send_all(
         self, outgoing: list[OutgoingMessage], results: list[str | errors.LeaseError]
@@ -292,10 +286,10 @@ class Queue:
             raise error from failed[0]
         return [r for r in results if isinstance(r, str)]
 
-    def _before_send(self, messages: list[OutgoingMessage]) -> list[OutgoingMessage]:
-        """Tell ``leasekit_before_send``; add the properties its observers gave where they fit."""
-        extra: dict[str, str] = {}
-        self._events.emit(_BEFORE_SEND, queue=self, messages=messages, properties=extra)
+    def _with_extra(
+        self, messages: list[OutgoingMessage], extra: dict[str, str]
+    ) -> list[OutgoingMessage]:
+        """``messages`` with the properties the send event's observers gave, where they fit."""
         if not extra or not self.capabilities.supports_properties:
             return messages
         added = {}
@@ -329,11 +323,6 @@ class Queue:
         except Exception:
             return message  # over a limit with them: sent without
         return candidate
-
-    def _observes(self, before: str, after: str) -> bool:
-        """Whether a plugin implements either hook of a before_/after_ pair."""
-        events = self._events
-        return events.observed(before) or events.observed(after)
 
     def _send_batches(self, outgoing: list[OutgoingMessage]) -> Iterator[list[OutgoingMessage]]:
         """``outgoing`` in batches within ``max_send_batch`` and ``max_send_batch_bytes``."""
@@ -383,21 +372,16 @@ class Queue:
         seconds = self._default_duration if duration is None else self._check_duration(duration)
         wait = self._check_wait(wait)
         self._require_open()
-        observed = self._observes(_BEFORE_RECEIVE, _AFTER_RECEIVE)
-        if not observed:
+        leases: list[Lease] = []
+        with self._events.bracket(
+            "receive",
+            lambda error: {"queue": self, "leases": leases if error is None else []},
+            queue=self,
+            max_messages=max_messages,
+        ):
             leases = self._receive(max_messages, seconds, wait)
             for lease in leases:
-                self.events.emit("leasekit_lease_acquired", lease=lease)
-            return leases
-        self._events.emit(_BEFORE_RECEIVE, queue=self, max_messages=max_messages)
-        try:
-            leases = self._receive(max_messages, seconds, wait)
-            for lease in leases:
-                self.events.emit("leasekit_lease_acquired", lease=lease)
-        except BaseException as exc:
-            self._events.emit(_AFTER_RECEIVE, queue=self, leases=[], error=exc)
-            raise
-        self._events.emit(_AFTER_RECEIVE, queue=self, leases=leases, error=None)
+                self._events.emit("leasekit_lease_acquired", lease=lease)
         return leases
 
     def _receive(self, max_messages: int, seconds: float, wait: float) -> list[Lease]:
@@ -486,34 +470,10 @@ class Queue:
         with deadline(self._call_timeout):
             counts = self._call("stats", self._driver.stats)
             if "total" in derived:
-                counts = _with_total(counts)
+                counts = with_total(counts)
             if "dead_lettered" in derived:
-                counts = dataclasses.replace(counts, dead_lettered=self._poison_count())
+                counts = dataclasses.replace(counts, dead_lettered=self._dead_letters.count())
         return counts
-
-    def _poison_count(self) -> int | None:
-        """All messages of the queue core dead-letters to (0 if it does not exist yet).
-
-        ``None`` where that cannot be counted.
-        """
-        if self._poison is not None:
-            target, opened = self._poison, False
-        else:
-            try:
-                named = self._dead_letter_queue()
-                target = self._sibling(named or self.name + dead_letters.POISON_SUFFIX)
-            except errors.UnsupportedOperation:  # no sibling(): the backend cannot dead-letter
-                return None
-            opened = True
-        try:
-            if not target.capabilities.queue_stats:
-                return None
-            return _with_total(self._call("dead-letter queue stats", target.stats)).total
-        except errors.QueueNotFound:
-            return 0
-        finally:
-            if opened:
-                target.close()
 
     def peek_dead_letters(self, limit: int = 10) -> list[DeadLetter]:
         """Read up to ``limit`` dead-lettered messages without removing them.
@@ -532,9 +492,7 @@ class Queue:
         with deadline(self._call_timeout):
             if self.capabilities.native_dead_letter:
                 return self._call("read dead letters", lambda: self._driver.dead_letters(limit))
-            target = self._dead_letter_driver()
-            peeked = self._call("read dead letters", lambda: target.peek(limit))
-        return [dead_letters.read(raw) for raw in peeked]
+            return self._dead_letters.peek(limit)
 
     def create(self) -> None:
         """Create the queue if it does not exist."""
@@ -553,20 +511,11 @@ class Queue:
             named = None
             if not self.capabilities.native_dead_letter:
                 with contextlib.suppress(errors.QueueNotFound):  # asked before it is gone
-                    named = self._dead_letter_queue()
+                    named = self._dead_letters.named_queue()
             self._call("delete queue", self._driver.delete_queue)
             if self.capabilities.native_dead_letter or named is not None:
                 return
-        try:
-            poison = self._sibling(self.name + dead_letters.POISON_SUFFIX)
-        except errors.UnsupportedOperation:
-            return
-        try:
-            with deadline(self._call_timeout):
-                self._call("delete poison queue", poison.delete_queue)
-        finally:
-            if poison is not self._poison:
-                poison.close()
+        self._dead_letters.delete_poison_queue()
 
     def close(self) -> None:
         """Release the backend's connections; further calls raise :class:`LeaseStateError`."""
@@ -576,8 +525,7 @@ class Queue:
         try:
             self._driver.close()
         finally:
-            if self._poison is not None:
-                self._poison.close()
+            self._dead_letters.close()
 
     def __enter__(self) -> Queue:
         return self
@@ -637,7 +585,7 @@ class Queue:
         self._require_open()
         if checked is not None and self.capabilities.max_total_lease is None:
             # the keeper's way
-            return self._renew(leases, [checked] * len(leases), limit, lateness=lateness)
+            return self._operations.renew(leases, [checked] * len(leases), limit, lateness=lateness)
         results: list[errors.LeaseError | errors.LeaseStateError | None] = [None] * len(leases)
         seconds: list[float] = []
         for i, lease in enumerate(leases):
@@ -646,7 +594,7 @@ class Queue:
             results[i] = refused
             seconds.append(-1.0 if refused else physical)
         wanted = [i for i, s in enumerate(seconds) if s >= 0]
-        renewed = self._renew(
+        renewed = self._operations.renew(
             [leases[i] for i in wanted],
             [seconds[i] for i in wanted],
             limit,
@@ -684,15 +632,14 @@ class Queue:
         leases = self._check_own(leases)
         limit = self._check_timeout(timeout)
         self._require_open()
-        return self._settle(
-            leases,
-            "complete",
-            LeaseState.COMPLETED,
-            self.capabilities.max_delete_batch,
-            self._driver.delete,
-            limit,
-            "leasekit_lease_completed",
+        complete = SettleSpec(
+            action="complete",
+            state=LeaseState.COMPLETED,
+            batch=self.capabilities.max_delete_batch,
+            call=self._driver.delete,
+            hook="leasekit_lease_completed",
         )
+        return self._operations.settle(leases, complete, limit)
 
     def abandon_many(
         self, leases: Sequence[Lease], delay: float = 0, *, timeout: float | None = None
@@ -716,17 +663,15 @@ class Queue:
         seconds = self._abandon_delay(delay)
         limit = self._check_timeout(timeout)
         self._require_open()
-
-        return self._settle(
-            leases,
-            "abandon",
-            LeaseState.ABANDONED,
-            self.capabilities.max_renew_batch,
-            partial(self._driver.abandon, delay=seconds),
-            limit,
-            "leasekit_lease_abandoned",
-            delay=seconds,
+        abandon = SettleSpec(
+            action="abandon",
+            state=LeaseState.ABANDONED,
+            batch=self.capabilities.max_renew_batch,
+            call=partial(self._driver.abandon, delay=seconds),
+            hook="leasekit_lease_abandoned",
+            hook_kwargs={"delay": seconds},
         )
+        return self._operations.settle(leases, abandon, limit)
 
     def dead_letter(self, lease: Lease, reason: str, *, timeout: float | None = None) -> None:
         """Move a leased message to the dead-letter place with ``reason``.
@@ -744,388 +689,14 @@ class Queue:
         reason = self._check_reason(reason)
         limit = self._check_timeout(timeout)
         self._require_open()
-        if not self._observes(_BEFORE_SETTLE, _AFTER_SETTLE):
-            self._dead_letter(lease, reason, limit)
-            return
-        self._events.emit(_BEFORE_SETTLE, queue=self, leases=[lease], action="dead_letter")
-        error: BaseException | None = None
-        try:
-            self._dead_letter(lease, reason, limit)
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            self._events.emit(
-                _AFTER_SETTLE,
-                queue=self,
-                leases=[lease],
-                action="dead_letter",
-                results=[error],
-                error=error,
-            )
-
-    def _dead_letter(self, lease: Lease, reason: str, limit: float | None) -> None:
-        record = lease._record
-        taken = record.take(SETTLE, "dead_letter", lease.message.id)
-        if isinstance(taken, BaseException):
-            raise taken
-        try:
-            with deadline(self._lease_timeout([lease], limit, settle=True)):
-                self._dead_letter_call(lease, taken, reason)
-        except errors.LeaseError as exc:
-            record.failed(exc)
-            raise
-        except BaseException:
-            record.release()
-            raise
-        record.settled(LeaseState.DEAD_LETTERED)
-        self.events.emit("leasekit_lease_dead_lettered", lease=lease, reason=reason)
-
-    def _dead_letter_call(self, lease: Lease, receipt: str, reason: str) -> None:
-        if self.capabilities.native_dead_letter:
-            raw = lease.raw_message
-            self._call("dead-letter", lambda: self._driver.dead_letter(receipt, reason, raw))
-            return
-        # No native store: copy to the dead-letter queue first, then delete, so a
-        # failure in between leaves a duplicate, never a lost message.
-        target = self._dead_letter_driver()
-        supports = target.capabilities.supports_properties
-        for keeps, copy in dead_letters.copies(lease.message, reason, properties=supports):
-            try:
-                self._send_one(target, copy, "dead-letter (send the copy)")
-                break
-            except errors.MessageTooLarge:
-                # One rule for every backend: a smaller copy, never a message left to loop.
-                self._log.warning(
-                    "dead-letter copy of %r too large for %r; trying it %s",
-                    lease.message.id,
-                    target.queue,
-                    keeps,
-                )
-        else:  # pragma: no cover - the last copy is the message as it was received
-            raise errors.MessageTooLarge(f"message {lease.message.id!r} fits no dead-letter copy")
-        [deleted] = self._call(
-            "dead-letter (delete the original)", partial(self._driver.delete, [receipt])
-        )
-        if deleted is not None:
-            raise self._entry_error(deleted, "dead-letter (delete the original)")
-
-    def _send_one(self, driver: Driver, message: OutgoingMessage, doing: str) -> str:
-        """Send one message through ``driver`` (the driver's own checks first); raise its error."""
-        try:
-            driver.validate(message)
-        except Exception as exc:
-            raise wrap_error(driver, exc, f"{doing} on {driver.queue!r}") from exc
-        [result] = self._call(doing, partial(driver.send, [message]))
-        if isinstance(result, BaseException):
-            error = wrap_error(driver, result, f"{doing} on {driver.queue!r}")
-            if error is not result:
-                error.__cause__ = result
-            raise error
-        return result
-
-    # ------------------------------------------------- the batch machinery
-
-    def _take(
-        self, leases: Sequence[Lease], operation: str, action: str, results: list[Any]
-    ) -> tuple[list[tuple[int, Lease, str]], list[tuple[int, int]]]:
-        """Take each lease for ``operation``; the errors of those that cannot go to ``results``.
-
-        A lease busy with another operation is waited for, at most until its
-        time is up. Takes go in a fixed order (by ``id``), so two callers taking
-        overlapping lists cannot wait for each other. A lease given twice is
-        taken once: the second list pairs each later position with its first,
-        whose result it gets (see :func:`_copy_repeats`).
-        """
-        order = sorted(range(len(leases)), key=lambda i: id(leases[i]))
-        taken: list[tuple[int, Lease, str]] = []
-        seen: dict[int, int] = {}
-        repeats: list[tuple[int, int]] = []
-        for i in order:
-            lease = leases[i]
-            first = seen.setdefault(id(lease), i)
-            if first != i:
-                repeats.append((i, first))
-                continue
-            outcome = lease._record.take(operation, action, lease.message.id)
-            if isinstance(outcome, str):
-                taken.append((i, lease, outcome))
-            else:
-                results[i] = outcome
-        taken.sort(key=lambda item: item[0])
-        return taken, repeats
-
-    def _settle(
-        self,
-        leases: Sequence[Lease],
-        action: str,
-        state: LeaseState,
-        size: int,
-        call: Callable[[list[str]], list[BaseException | None]],
-        limit: float | None,
-        hook: str,
-        **hook_kwargs: Any,
-    ) -> list[errors.LeaseError | errors.LeaseStateError | None]:
-        """Settle held leases in backend-sized batches under one deadline; one result each.
-
-        See :meth:`complete_many`.
-        """
-        results: list[Any] = [None] * len(leases)
-        observed = self._observes(_BEFORE_SETTLE, _AFTER_SETTLE)
-        if observed:
-            self._events.emit(_BEFORE_SETTLE, queue=self, leases=leases, action=action)
-        done: list[Lease] = []
-        error: BaseException | None = None
-        try:
-            taken, repeats = self._take(leases, SETTLE, action, results)
-            chunks = [taken[start : start + size] for start in range(0, len(taken), size)]
-            held = [lease for _, lease, _ in taken]
-            whole = self._lease_timeout(held, limit, settle=True) if held else None
-            with deadline(whole):  # one for the whole call: each chunk gets what is left
-                for position, chunk in enumerate(chunks):
-                    if self._out_of_time(action, chunks, position, results):
-                        break
-                    receipts = [receipt for _, _, receipt in chunk]
-                    outcome = self._batch_call(
-                        action, partial(call, receipts), None, chunks, position
-                    )
-                    for (i, lease, _), result in zip(chunk, outcome, strict=True):
-                        if result is None:
-                            lease._record.settled(state)
-                            done.append(lease)
-                            continue
-                        failure = self._entry_error(result, action)
-                        lease._record.failed(failure)
-                        results[i] = failure
-            _copy_repeats(results, repeats)
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            if done and self.events.observed(hook):
-                for lease in done:
-                    self.events.emit(hook, lease=lease, **hook_kwargs)
-            if observed:
-                self._events.emit(
-                    _AFTER_SETTLE,
-                    queue=self,
-                    leases=leases,
-                    action=action,
-                    results=_reported(leases, results, {id(lease) for lease in done}, error),
-                    error=error,
-                )
-        return results
-
-    def _batch_call(
-        self,
-        action: str,
-        fn: Callable[[], list[T]],
-        timeout: float | None,
-        chunks: list[list[tuple[int, Lease, str]]],
-        position: int,
-        *,
-        raise_whole: bool = True,
-    ) -> list[T | BaseException]:
-        """One backend call for ``chunks[position]``, under ``timeout`` (``None``: the enclosing).
-
-        A call that fails as a whole (the queue is gone, the backend is out of
-        reach) raises its leasekit error, after the leases of this chunk are
-        given back as failed and those of later chunks unchanged; without
-        ``raise_whole`` the error is each lease's result instead, and the next
-        chunk is tried. What failed for one entry only is that entry's result.
-        """
-        chunk = chunks[position]
-        try:
-            with deadline(timeout):
-                return list(self._call(action, fn))
-        except errors.LeaseError as exc:
-            if not raise_whole:
-                return [exc] * len(chunk)
-            for _, lease, _ in chunk:
-                lease._record.failed(exc)
-            self._release_chunks(chunks[position + 1 :])
-            raise
-        except BaseException:
-            self._release_chunks(chunks[position:])
-            raise
-
-    def _out_of_time(
-        self,
-        action: str,
-        chunks: list[list[tuple[int, Lease, str]]],
-        position: int,
-        results: list[Any],
-    ) -> bool:
-        """Whether the call's deadline passed before ``chunks[position]`` was sent.
-
-        If it did, each lease of that chunk and the later ones gets a
-        :class:`BackendUnavailable` result without a backend call, and is given
-        back unchanged: still held, so a caller may try again.
-        """
-        left = time_left()
-        if left is None or left > 0:
-            return False
-        error = errors.BackendUnavailable(
-            f"{action} on {self.name!r}: the call's timeout passed before this lease's "
-            "batch was sent (nothing was asked of the backend; the lease is still held)"
-        )
-        for chunk in chunks[position:]:
-            for i, lease, _ in chunk:
-                lease._record.release()
-                results[i] = error
-        return True
-
-    @staticmethod
-    def _release_chunks(chunks: list[list[tuple[int, Lease, str]]]) -> None:
-        for chunk in chunks:
-            for _, lease, _ in chunk:
-                lease._record.release()
-
-    def _renew(
-        self,
-        leases: Sequence[Lease],
-        seconds: Sequence[float],
-        timeout: float | None = None,
-        *,
-        event: bool = True,
-        raise_whole: bool = True,
-        lateness: Sequence[float] | None = None,
-    ) -> list[errors.LeaseError | errors.LeaseStateError | None]:
-        """Renew leases for their ``seconds``, batched where the backend can; one result each.
-
-        ``None``: renewed; otherwise the leasekit error for that lease (a
-        :class:`LeaseLost` has marked it lost). A call that fails as a whole
-        raises (see ``_batch_call``).
-
-        A renewal never outlives the lease it renews: its deadline is the least
-        time left on the leases of its batch, and a lease whose time is up is
-        not renewed (where the backend detects stale receipts it is asked anyway,
-        for a receipt it may still honour). On a backend that cannot detect stale
-        receipts, a renewal that returns after the lease ended counts as lost.
-        ``seconds`` must already be validated. With ``event`` the ``before_``/``after_renew``
-        pair and each ``leasekit_lease_renewed`` are emitted (the latter with the
-        lease's ``lateness``, when given, by position).
-        """
-        results: list[Any] = [None] * len(leases)
-        observed = event and self._observes(_BEFORE_RENEW, _AFTER_RENEW)
-        if observed:
-            self._events.emit(_BEFORE_RENEW, queue=self, leases=leases)
-        renewed: list[int] = []  # positions
-        error: BaseException | None = None
-        try:
-            self._renew_batches(leases, seconds, timeout, raise_whole, results, renewed)
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            if event and renewed and self.events.observed("leasekit_lease_renewed"):
-                for i in renewed:
-                    self.events.emit(
-                        "leasekit_lease_renewed",
-                        lease=leases[i],
-                        lateness=None if lateness is None else lateness[i],
-                    )
-            if observed:
-                self._events.emit(
-                    _AFTER_RENEW,
-                    queue=self,
-                    leases=leases,
-                    results=_reported(leases, results, {id(leases[i]) for i in renewed}, error),
-                    error=error,
-                )
-        return results
-
-    def _renew_batches(
-        self,
-        leases: Sequence[Lease],
-        seconds: Sequence[float],
-        timeout: float | None,
-        raise_whole: bool,
-        results: list[Any],
-        renewed: list[int],
-    ) -> None:
-        """The work of :meth:`_renew`: results to ``results``, renewed positions to ``renewed``."""
-        taken, repeats = self._take(leases, RENEW, "renew", results)
-        caps = self.capabilities
-        late_is_lost = not caps.detects_stale_receipts
-        if late_is_lost:
-            taken = self._drop_expired(taken, results)
-        groups: dict[float, list[tuple[int, Lease, str]]] = {}
-        for item in taken:
-            groups.setdefault(seconds[item[0]], []).append(item)
-        size = caps.max_renew_batch
-        plan = [
-            (physical, group[start : start + size])
-            for physical, group in groups.items()
-            for start in range(0, len(group), size)
-        ]
-        chunks = [chunk for _, chunk in plan]
-        # A timeout given bounds the whole call; without one (the keeper's way) each
-        # chunk's deadline is its own leases' time left, so one hung chunk fails no other.
-        with deadline(timeout):
-            for position, (physical, chunk) in enumerate(plan):
-                if timeout is not None and self._out_of_time("renew", chunks, position, results):
-                    break
-                receipts = [receipt for _, _, receipt in chunk]
-                fn = partial(self._driver.change_visibility, receipts, physical)
-                left = self._lease_timeout([lz for _, lz, _ in chunk], timeout, settle=False)
-                started = time.monotonic()
-                outcome = self._batch_call(
-                    "renew", fn, left, chunks, position, raise_whole=raise_whole
-                )
-                for (i, lease, _), result in zip(chunk, outcome, strict=True):
-                    if isinstance(result, Visibility):
-                        lost = lease._record.renewed(
-                            result.receipt,
-                            result.visible_until,
-                            physical,
-                            started,
-                            late_is_lost=late_is_lost,
-                        )
-                        if lost is None:
-                            renewed.append(i)
-                        results[i] = lost
-                        continue
-                    failure = self._entry_error(result, "renew")
-                    lease._record.failed(failure)
-                    results[i] = failure
-        _copy_repeats(results, repeats)
-
-    def _drop_expired(
-        self, taken: list[tuple[int, Lease, str]], results: list[Any]
-    ) -> list[tuple[int, Lease, str]]:
-        """Leases whose time is up are lost, not renewed (stale receipts cannot be told here)."""
-        alive = []
-        for item in taken:
-            i, lease, _ = item
-            record = lease._record
-            if record.time_left() > 0:
-                alive.append(item)
-                continue
-            record.release()
-            error = record.expire()
-            results[i] = error or record.unusable("renew", lease.message.id)
-        return alive
+        self._operations.dead_letter(lease, reason, limit, self._dead_letters.move)
 
     def _entry_error(self, result: BaseException, action: str) -> errors.LeaseError:
+        """The leasekit error for one entry's raw ``result``, with it as the cause."""
         error = wrap_error(self._driver, result, f"{action} on {self.name!r}")
         if error is not result:
             error.__cause__ = result
         return error
-
-    def _lease_timeout(
-        self, leases: Sequence[Lease], limit: float | None, *, settle: bool
-    ) -> float:
-        """The deadline for a call on ``leases``: the least time left on them, within bounds.
-
-        A settle gets at least ``MIN_SETTLE_TIMEOUT`` (a receipt past its expiry
-        may still be honoured, and settling late harms nobody); a renewal gets
-        what is left, so it never outlives the lease it renews.
-        """
-        left = min(lease._record.deadline for lease in leases) - time.monotonic()
-        if settle or left <= 0:  # a renewal past the deadline: where stale receipts are refused
-            left = max(left, MIN_SETTLE_TIMEOUT)
-        return min(left, self._call_timeout if limit is None else limit)
 
     def _check_own(self, leases: Sequence[Lease]) -> Sequence[Lease]:
         """``leases`` as a sequence, each a lease of this queue (else InvalidArgument)."""
@@ -1375,7 +946,9 @@ class Queue:
         ]
         if not change:
             return leases
-        results = self._renew(change, [seconds] * len(change), event=False, raise_whole=False)
+        results = self._operations.renew(
+            change, [seconds] * len(change), event=False, raise_whole=False
+        )
         dropped: set[int] = set()
         for lease, result in zip(change, results, strict=True):
             if isinstance(result, errors.LeaseLost):
@@ -1393,52 +966,3 @@ class Queue:
                     lease.expires_at.timestamp() - now,
                 )
         return [lease for lease in leases if id(lease) not in dropped]
-
-    def _dead_letter_queue(self) -> str | None:
-        """The dead-letter queue the service names (asked once), or ``None``."""
-        if self._named_dead_letter_queue is _UNKNOWN:
-            name = self._call("find the dead-letter queue", self._driver.dead_letter_queue)
-            self._named_dead_letter_queue = name
-        named = self._named_dead_letter_queue
-        return named if isinstance(named, str) else None
-
-    def _sibling(self, name: str) -> Driver:
-        return self._call("open the dead-letter queue", lambda: self._driver.sibling(name))
-
-    def _dead_letter_driver(self) -> Driver:
-        """The queue core copies dead letters to (``<queue>-poison``: made on first use)."""
-        with self._poison_lock:
-            if self._poison is not None:
-                return self._poison
-            named = self._dead_letter_queue()
-            target = self._sibling(named or self.name + dead_letters.POISON_SUFFIX)
-            if named is None:
-                try:
-                    self._call("create the poison queue", target.create_queue)
-                except BaseException:
-                    target.close()
-                    raise
-            self._poison = target
-            return target
-
-
-def _reported(
-    leases: Sequence[Lease], results: list[Any], succeeded: set[int], error: BaseException | None
-) -> list[Any]:
-    """``results`` for an ``after_`` event: after a raise, ``error`` for what was not reached."""
-    if error is None:
-        return results
-    return [
-        error if result is None and id(lease) not in succeeded else result
-        for lease, result in zip(leases, results, strict=True)
-    ]
-
-
-def _with_total(counts: QueueStats) -> QueueStats:
-    """``counts`` with ``total`` added up where the driver told visible, leased and delayed."""
-    if counts.total is not None:
-        return counts
-    parts = (counts.visible, counts.leased, counts.delayed)
-    if any(part is None for part in parts):
-        return counts
-    return dataclasses.replace(counts, total=sum(part or 0 for part in parts))

@@ -449,7 +449,7 @@ def test_poison_sibling_shares_the_connection_pool(queue: Queue) -> None:
     queue.send(b"poison")
     [lease] = queue.lease(1, wait=5)
     lease.dead_letter("bad input")
-    poison = queue._poison
+    poison = queue._dead_letters.target
     assert poison is not None
     assert poison._clients is queue.driver._clients  # type: ignore[attr-defined]
     [letter] = queue.peek_dead_letters()
