@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from . import errors
 from .capabilities import Capabilities
-from .dead_letters import POISON_SUFFIX, DeadLetters, with_total
+from .dead_letters import DeadLetters, with_total
 from .deadline import deadline
 from .error_mapping import wrap_error
 from .events import Events
@@ -39,7 +39,6 @@ __all__ = [
     "DEFAULT_CALL_TIMEOUT",
     "MAX_LEASE_BATCH",
     "MIN_SETTLE_TIMEOUT",
-    "POISON_SUFFIX",
     "Queue",
 ]
 
@@ -63,10 +62,6 @@ DEFAULT_CALL_TIMEOUT = 10.0
 MAX_PEEK = 2**31 - 1
 
 _log = logging.getLogger("leasekit")
-
-
-def _number(value: object) -> bool:
-    return is_number(value)  # also refuses an int too large for a float
 
 
 def _weight(message: OutgoingMessage) -> int:
@@ -721,11 +716,11 @@ class Queue:
         """
         return self._check_duration(duration)
 
-    def _check_duration(self, duration: object, what: str = "lease duration") -> float:
+    def _check_duration(self, duration: object) -> float:
         caps = self.capabilities
-        if not _number(duration) or not math.isfinite(duration):  # type: ignore[arg-type]
+        if not is_number(duration) or not math.isfinite(duration):  # type: ignore[arg-type]
             raise errors.InvalidLeaseDuration(
-                f"{what} must be a finite number of seconds, got {duration!r}"
+                f"lease duration must be a finite number of seconds, got {duration!r}"
             )
         value = float(duration)  # type: ignore[arg-type]
         if caps.fixed_lease is not None and value != caps.fixed_lease:
@@ -786,17 +781,17 @@ class Queue:
     def _check_timeout(self, timeout: object, what: str = "timeout") -> float | None:
         if timeout is None:
             return None
-        if not _number(timeout) or not math.isfinite(timeout) or timeout <= 0:  # type: ignore[operator, arg-type]
+        if not is_number(timeout) or not math.isfinite(timeout) or timeout <= 0:  # type: ignore[operator, arg-type]
             raise errors.InvalidArgument(f"{what} must be a number of seconds > 0, got {timeout!r}")
         return float(timeout)  # type: ignore[arg-type]
 
     def _check_wait(self, wait: object) -> float:
-        if not _number(wait) or not math.isfinite(wait) or wait < 0:  # type: ignore[operator, arg-type]
+        if not is_number(wait) or not math.isfinite(wait) or wait < 0:  # type: ignore[operator, arg-type]
             raise errors.InvalidArgument(f"wait must be a number of seconds >= 0, got {wait!r}")
         return float(wait)  # type: ignore[arg-type]
 
     def _abandon_delay(self, delay: object) -> float:
-        if not _number(delay) or not math.isfinite(delay) or delay < 0:  # type: ignore[operator, arg-type]
+        if not is_number(delay) or not math.isfinite(delay) or delay < 0:  # type: ignore[operator, arg-type]
             raise errors.InvalidArgument(f"delay must be a number of seconds >= 0, got {delay!r}")
         value = float(delay)  # type: ignore[arg-type]
         limit = self.capabilities.max_abandon_delay
@@ -842,7 +837,7 @@ class Queue:
             raise errors.MessageTooLarge(
                 f"{scheme} accepts bodies of at most {caps.max_message_size} bytes, got {len(data)}"
             )
-        if not _number(delay) or not math.isfinite(delay) or delay < 0:  # type: ignore[operator, arg-type]
+        if not is_number(delay) or not math.isfinite(delay) or delay < 0:  # type: ignore[operator, arg-type]
             raise errors.InvalidArgument(f"delay must be a number of seconds >= 0, got {delay!r}")
         delay_s = float(delay)  # type: ignore[arg-type]
         if delay_s > 0 and caps.max_send_delay <= 0:
@@ -853,7 +848,7 @@ class Queue:
             )
         ttl_s: float | None = None
         if ttl is not None:
-            if not _number(ttl) or not math.isfinite(ttl) or ttl <= 0:  # type: ignore[operator, arg-type]
+            if not is_number(ttl) or not math.isfinite(ttl) or ttl <= 0:  # type: ignore[operator, arg-type]
                 raise errors.InvalidArgument(f"ttl must be a number of seconds > 0, got {ttl!r}")
             ttl_s = float(ttl)  # type: ignore[arg-type]
             if caps.max_ttl is None:
