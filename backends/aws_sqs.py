@@ -342,7 +342,6 @@ CAPABILITIES = Capabilities(
     min_lease=1.0,
     max_lease=float(MAX_VISIBILITY),
     lease_resolution=1.0,
-    lease_on_receive=True,
     max_total_lease=float(MAX_VISIBILITY),
     renew_rotates_receipt=False,
     detects_stale_receipts=False,

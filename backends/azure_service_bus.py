@@ -24,7 +24,7 @@ Delivery semantics:
     At least once. A lease is a PeekLock receive: the message is locked for the
     queue's **LockDuration**, a property of the entity that a receive cannot
     choose. So the capabilities declare ``fixed_lease`` (= ``min_lease`` =
-    ``max_lease``, ``lease_on_receive=False``): core refuses any other physical
+    ``max_lease``): core refuses any other physical
     duration, and a longer hold is ``LeaseKeeper`` renewing the fixed lock in
     steps. The driver learns the LockDuration from the ``lock_duration`` option
     (default 60 s, the Service Bus default): capabilities must be known before
@@ -436,7 +436,6 @@ CAPABILITIES = Capabilities(
     min_lease=DEFAULT_LOCK_DURATION,
     max_lease=DEFAULT_LOCK_DURATION,
     lease_resolution=1.0,
-    lease_on_receive=False,
     lease_set_after_receive=False,
     fixed_lease=DEFAULT_LOCK_DURATION,
     max_total_lease=None,

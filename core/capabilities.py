@@ -32,9 +32,6 @@ class Capabilities:
     max_lease: float = 43200.0
     #: Durations are rounded *up* to a multiple of this (1.0 for whole seconds).
     lease_resolution: float = 1.0
-    #: The lease duration can be chosen per receive (else the queue's setting is
-    #: used and core changes it right after receive, see ``lease_set_after_receive``).
-    lease_on_receive: bool = True
     #: The receive uses the queue's visibility and a per-lease duration needs an
     #: extra visibility change right after receive (MNS).
     lease_set_after_receive: bool = False
