@@ -47,7 +47,7 @@ Delivery semantics:
     ``maxReceiveCount`` and the rest of the AWS tooling looks) or, without a
     redrive policy, to ``<queue>-poison``; then deletes the original. A copy too
     large for the queue goes with its reason shortened, then without it.
-    ``Queue.delete()`` deletes ``<queue>-poison``, never a redrive-policy DLQ.
+    ``Queue.delete_queue()`` deletes ``<queue>-poison``, never a redrive-policy DLQ.
     Reading dead letters back (``peek_dead_letters``) receives them with a 30 s
     visibility and then releases them (visibility 0): SQS cannot peek, so this
     raises their receive count in the DLQ.

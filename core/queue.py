@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import partial
@@ -495,11 +496,11 @@ class Queue:
         with deadline(self._call_timeout):
             self._call("create queue", self._driver.create_queue)
 
-    def delete(self) -> None:
+    def delete_queue(self) -> None:
         """Delete the queue and its messages, and ``<queue>-poison`` if core dead-letters there.
 
         A dead-letter queue the service names (SQS's redrive target) is shared
-        and never deleted.
+        and never deleted. To delete one message, complete its lease.
         """
         self._require_open()
         with deadline(self._call_timeout):
@@ -511,6 +512,18 @@ class Queue:
             if self.capabilities.native_dead_letter or named is not None:
                 return
         self._dead_letters.delete_poison_queue()
+
+    def delete(self) -> None:
+        """Deprecated alias of :meth:`delete_queue`: it deletes the whole queue, not a message.
+
+        Warns with a :class:`DeprecationWarning`; use :meth:`delete_queue`.
+        """
+        warnings.warn(
+            "Queue.delete() is deprecated: it deletes the whole queue; use Queue.delete_queue()",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        self.delete_queue()
 
     def close(self) -> None:
         """Release the backend's connections; further calls raise :class:`LeaseStateError`."""

@@ -191,6 +191,20 @@ def test_closed_queue_refuses_use(queue: Queue) -> None:
         queue.send(b"x")
 
 
+def test_delete_queue_deletes_the_queue_and_its_messages(queue: Queue) -> None:
+    queue.send(b"x")
+    queue.delete_queue()
+    with pytest.raises(errors.QueueNotFound):
+        queue.lease(1)
+
+
+def test_delete_is_a_deprecated_alias_of_delete_queue(queue: Queue) -> None:
+    with pytest.warns(DeprecationWarning, match=r"use Queue\.delete_queue\(\)"):
+        queue.delete()
+    with pytest.raises(errors.QueueNotFound):
+        queue.lease(1)
+
+
 def test_fixed_lock_backends_refuse_other_durations(broker: MemoryBroker) -> None:
     driver = MemoryDriver(queue="fixed", broker=broker)
     driver.capabilities = driver.capabilities.replace(
@@ -523,7 +537,7 @@ def test_a_message_abandoned_with_a_delay_counts_as_delayed_not_leased(
         assert (stats.visible, stats.leased, stats.delayed) == (0, 1, 1)
         second.abandon()
         assert queue.stats().visible == 1
-        queue.delete()
+        queue.delete_queue()
 
 
 def test_abandon_waits_at_least_the_declared_minimum(broker: MemoryBroker) -> None:

@@ -550,7 +550,7 @@ def test_sqs_carries_the_trace_context_and_a_full_message_is_sent_without_it(
         leases[small].abandon()
         _consume(queue, concurrency=2)
     finally:
-        queue.delete()
+        queue.delete_queue()
         queue.close()
     sends = {s["attributes"]["messaging.message.id"]: s for s in telemetry.spans("send ")}
     assert {s["attributes"]["messaging.system"] for s in sends.values()} == {"aws_sqs"}

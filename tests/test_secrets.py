@@ -389,7 +389,7 @@ def test_azure_storage_queue_on_azurite_shows_no_secret(
         )
     finally:
         with leasekit.open("azure-storage-queue", queue=name, **by_key) as q:
-            q.delete()
+            q.delete_queue()
     assert "sig=***" in caplog.text  # the SAS went over the wire, and was hidden in the log
 
 
