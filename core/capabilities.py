@@ -137,6 +137,15 @@ class Capabilities:
             counted.add("dead_lettered")
         return frozenset(counted)
 
+    def clamp_lease(self, seconds: float) -> float:
+        """``seconds`` moved into the backend's lease range (``min_lease`` to ``max_lease``).
+
+        For a wanted duration that is a preference, not the caller's argument
+        (a default, a policy's guess): an argument out of range is refused
+        instead (``InvalidLeaseDuration``).
+        """
+        return min(max(seconds, self.min_lease), self.max_lease)
+
     def replace(self, **changes: Any) -> Capabilities:
         """A copy with some fields changed."""
         return dataclasses.replace(self, **changes)

@@ -122,7 +122,7 @@ class Queue:
         caps = driver.capabilities
         if lease_duration is None:
             default = caps.fixed_lease if caps.fixed_lease is not None else 30.0
-            lease_duration = min(max(default, caps.min_lease), caps.max_lease)
+            lease_duration = caps.clamp_lease(default)
         self._default_duration = self._check_duration(lease_duration)
 
     # ------------------------------------------------------------- properties

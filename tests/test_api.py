@@ -227,6 +227,18 @@ def test_durations_round_up_to_the_backend_resolution(broker: MemoryBroker) -> N
     assert lease.duration == 2.0
 
 
+def test_clamp_lease_moves_a_wanted_duration_into_the_backend_range() -> None:
+    caps = leasekit.Capabilities(min_lease=5.0, max_lease=60.0)
+    assert [caps.clamp_lease(s) for s in (1.0, 30.0, 600.0)] == [5.0, 30.0, 60.0]
+
+
+def test_default_lease_is_30_s_within_the_backend_range(broker: MemoryBroker) -> None:
+    driver = MemoryDriver(queue="short", broker=broker)
+    driver.capabilities = driver.capabilities.replace(max_lease=20.0)
+    assert Queue(driver).default_lease_duration == 20.0
+    assert Queue(MemoryDriver(queue="free", broker=broker)).default_lease_duration == 30.0
+
+
 def test_total_lease_cap_refuses_a_renew_past_it(broker: MemoryBroker) -> None:
     driver = MemoryDriver(queue="capped", broker=broker)
     driver.capabilities = driver.capabilities.replace(max_total_lease=100.0)
