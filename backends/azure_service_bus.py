@@ -148,6 +148,7 @@ from leasekit.deadline import call_timeout
 from leasekit.errors import BackendNotInstalled, InvalidURL
 from leasekit.hookspecs import hookimpl
 from leasekit.options import as_float, as_int, as_text
+from leasekit.redaction import Secret as _Secret
 from leasekit.redaction import install_log_redaction
 from leasekit.registry import BackendSpec
 from leasekit.spi import (
@@ -269,18 +270,6 @@ def leasekit_add_backends() -> list[BackendSpec]:
             description="Azure Service Bus queues (PeekLock, fixed lock renewed, native DLQ)",
         )
     ]
-
-
-class _Secret:
-    """A connection string or credential, kept out of every repr."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def __repr__(self) -> str:
-        return "<credentials hidden>"
 
 
 @dataclass
