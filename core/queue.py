@@ -1,12 +1,11 @@
-"""The portable queue: one type over a driver that sends, leases, settles and checks arguments.
+"""The portable queue: the one type users hold, over a driver, composing core's parts.
 
-:class:`Queue` is what users hold. It checks every argument against the
-backend's capabilities before any call, sends in the backend's batches, runs
-the long-poll loop of :meth:`Queue.lease`, and retries transient failures
-within each call's deadline. It composes the rest: renewing and settling
-leases is :class:`~leasekit.lease_operations.LeaseOperations`' work, and
-dead-lettering where the backend has no store of its own is
-:class:`~leasekit.dead_letters.DeadLetters`'.
+:class:`Queue` checks every argument before any call (:mod:`leasekit.arguments`),
+sends in the backend's batches, runs the long-poll loop of :meth:`Queue.lease`,
+runs the admin calls, and retries transient failures within each call's
+deadline. Renewing and settling leases is
+:class:`~leasekit.lease_operations.LeaseOperations`' work, and dead-lettering
+where the backend has no store of its own is :class:`~leasekit.dead_letters.DeadLetters`'.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
-from . import errors
+from . import arguments, errors
 from .capabilities import Capabilities
 from .dead_letters import DeadLetters, with_total
 from .deadline import deadline
@@ -32,7 +31,7 @@ from .events import Events
 from .lease import Lease
 from .lease_operations import MIN_SETTLE_TIMEOUT, LeaseOperations, SettleSpec
 from .message import LeaseState, Message
-from .options import as_items, check_text, is_number
+from .options import as_items, check_text
 from .retry import RetryPolicy
 from .spi import DeadLetter, Driver, OutgoingMessage, QueueStats, RawMessage
 
@@ -53,8 +52,6 @@ MAX_LEASE_BATCH = 1000
 #: small for latency, back off to keep an idle SQLite file cheap.
 POLL_START = 0.005
 POLL_MAX = 0.1
-#: Longest reason kept on a dead-lettered message (Service Bus allows 4096).
-MAX_REASON = 4096
 #: Longest one backend call may take, retries included, when nothing tighter
 #: bounds it (a send, an admin call; a receive gets this beyond its long poll).
 #: Shorter fails faster on a dead network; longer rides out a slow service.
@@ -88,10 +85,11 @@ class Queue:
             the lease's time left, and a receive gets this beyond its long poll.
 
     A queue is thread-safe and a context manager; :meth:`close` releases the
-    backend's connections. It checks arguments, sends, receives and runs the
-    admin calls itself; renewing and settling go through its
-    :class:`~leasekit.lease_operations.LeaseOperations`, dead-lettering without
-    a native store through its :class:`~leasekit.dead_letters.DeadLetters`.
+    backend's connections. It sends, receives and runs the admin calls
+    itself, after checking the arguments (:mod:`leasekit.arguments`); renewing
+    and settling go through its :class:`~leasekit.lease_operations.LeaseOperations`,
+    dead-lettering without a native store through its
+    :class:`~leasekit.dead_letters.DeadLetters`.
     """
 
     def __init__(
@@ -111,7 +109,7 @@ class Queue:
             )
         self._driver = driver
         self._retry = retry or RetryPolicy()
-        self._call_timeout = self._check_timeout(call_timeout, "call_timeout") or (
+        self._call_timeout = arguments.timeout(call_timeout, "call_timeout") or (
             DEFAULT_CALL_TIMEOUT
         )
         self._events = Events(hooks)
@@ -123,7 +121,7 @@ class Queue:
         if lease_duration is None:
             default = caps.fixed_lease if caps.fixed_lease is not None else 30.0
             lease_duration = caps.clamp_lease(default)
-        self._default_duration = self._check_duration(lease_duration)
+        self._default_duration = self.check_duration(lease_duration)
 
     # ------------------------------------------------------------- properties
 
@@ -365,8 +363,8 @@ class Queue:
             raise errors.InvalidArgument(
                 f"max_messages must be between 1 and {MAX_LEASE_BATCH}, got {max_messages}"
             )
-        seconds = self._default_duration if duration is None else self._check_duration(duration)
-        wait = self._check_wait(wait)
+        seconds = self._default_duration if duration is None else self.check_duration(duration)
+        wait = arguments.wait(wait)
         self._require_open()
         leases: list[Lease] = []
         with self._events.bracket(
@@ -433,7 +431,7 @@ class Queue:
 
     def _lease_one(self, duration: float | None, wait: float | None) -> Lease:
         if wait is not None:
-            self._check_wait(wait)
+            arguments.wait(wait)
         until = None if wait is None else time.monotonic() + wait
         while True:
             step = 20.0 if until is None else max(0.0, until - time.monotonic())
@@ -584,8 +582,8 @@ class Queue:
             InvalidLeaseDuration: ``duration`` is out of the backend's range (no call made).
         """
         leases = self._check_own(leases)
-        checked = None if duration is None else self._check_duration(duration)
-        limit = self._check_timeout(timeout)
+        checked = None if duration is None else self.check_duration(duration)
+        limit = arguments.timeout(timeout)
         if lateness is not None and len(lateness) != len(leases):
             raise errors.InvalidArgument(
                 f"lateness needs one value per lease ({len(leases)}), got {len(lateness)}"
@@ -596,9 +594,10 @@ class Queue:
             return self._operations.renew(leases, [checked] * len(leases), limit, lateness=lateness)
         results: list[errors.LeaseError | errors.LeaseStateError | None] = [None] * len(leases)
         seconds: list[float] = []
+        caps, scheme = self.capabilities, self._driver.scheme
         for i, lease in enumerate(leases):
             physical = lease.duration if checked is None else checked
-            refused = self._past_total_cap(lease, physical)
+            refused = arguments.past_total_cap(caps, scheme, lease, physical)
             results[i] = refused
             seconds.append(-1.0 if refused else physical)
         wanted = [i for i, s in enumerate(seconds) if s >= 0]
@@ -638,7 +637,7 @@ class Queue:
             InvalidArgument: a lease of another queue (nothing is completed).
         """
         leases = self._check_own(leases)
-        limit = self._check_timeout(timeout)
+        limit = arguments.timeout(timeout)
         self._require_open()
         complete = SettleSpec(
             action="complete",
@@ -668,8 +667,8 @@ class Queue:
             UnsupportedOperation: a delay on a backend that cannot delay.
         """
         leases = self._check_own(leases)
-        seconds = self._abandon_delay(delay)
-        limit = self._check_timeout(timeout)
+        seconds = arguments.abandon_delay(self.capabilities, self._driver.scheme, delay)
+        limit = arguments.timeout(timeout)
         self._require_open()
         abandon = SettleSpec(
             action="abandon",
@@ -694,8 +693,8 @@ class Queue:
             LeaseStateError: the lease was already settled.
         """
         self._check_own([lease])
-        reason = self._check_reason(reason)
-        limit = self._check_timeout(timeout)
+        reason = arguments.dead_letter_reason(reason)
+        limit = arguments.timeout(timeout)
         self._require_open()
         self._operations.dead_letter(lease, reason, limit, self._dead_letters.move)
 
@@ -727,29 +726,7 @@ class Queue:
         Raises:
             InvalidLeaseDuration: not a finite number, or outside the backend's range.
         """
-        return self._check_duration(duration)
-
-    def _check_duration(self, duration: object) -> float:
-        caps = self.capabilities
-        if not is_number(duration) or not math.isfinite(duration):  # type: ignore[arg-type]
-            raise errors.InvalidLeaseDuration(
-                f"lease duration must be a finite number of seconds, got {duration!r}"
-            )
-        value = float(duration)  # type: ignore[arg-type]
-        if caps.fixed_lease is not None and value != caps.fixed_lease:
-            raise errors.InvalidLeaseDuration(
-                f"{self._driver.scheme} locks a message for exactly {caps.fixed_lease:g} s "
-                f"(a property of the queue), got {value:g} s; hold it longer with "
-                "leasekit.LeaseKeeper, which renews in steps"
-            )
-        if not caps.min_lease <= value <= caps.max_lease:
-            raise errors.InvalidLeaseDuration(
-                f"{self._driver.scheme} holds a lease for {caps.min_lease:g} to "
-                f"{caps.max_lease:g} s, got {value:g} s"
-            )
-        resolution = caps.lease_resolution
-        steps = math.ceil(value / resolution - 1e-9)
-        return min(steps * resolution, caps.max_lease)
+        return arguments.lease_duration(self.capabilities, self._driver.scheme, duration)
 
     def renewable_for(self, lease: Lease, seconds: float) -> float | None:
         """How long ``lease`` may be renewed for now: ``seconds``, within the backend's total cap.
@@ -777,117 +754,13 @@ class Queue:
         """The backoff this queue retries transient failures with (the keeper's too)."""
         return self._retry
 
-    def _past_total_cap(self, lease: Lease, seconds: float) -> errors.InvalidLeaseDuration | None:
-        """The error for renewing ``lease`` by ``seconds`` past the backend's total cap (SQS)."""
-        cap = self.capabilities.max_total_lease
-        if cap is None:
-            return None
-        held = time.monotonic() - lease.received_at
-        if held + seconds <= cap:
-            return None
-        return errors.InvalidLeaseDuration(
-            f"{self._driver.scheme} keeps a message invisible for at most {cap:g} s "
-            f"in total since it was received; this lease has had {held:.0f} s, "
-            f"so {seconds:g} s more is refused"
-        )
-
-    def _check_timeout(self, timeout: object, what: str = "timeout") -> float | None:
-        if timeout is None:
-            return None
-        if not is_number(timeout) or not math.isfinite(timeout) or timeout <= 0:  # type: ignore[operator, arg-type]
-            raise errors.InvalidArgument(f"{what} must be a number of seconds > 0, got {timeout!r}")
-        return float(timeout)  # type: ignore[arg-type]
-
-    def _check_wait(self, wait: object) -> float:
-        if not is_number(wait) or not math.isfinite(wait) or wait < 0:  # type: ignore[operator, arg-type]
-            raise errors.InvalidArgument(f"wait must be a number of seconds >= 0, got {wait!r}")
-        return float(wait)  # type: ignore[arg-type]
-
-    def _abandon_delay(self, delay: object) -> float:
-        if not is_number(delay) or not math.isfinite(delay) or delay < 0:  # type: ignore[operator, arg-type]
-            raise errors.InvalidArgument(f"delay must be a number of seconds >= 0, got {delay!r}")
-        value = float(delay)  # type: ignore[arg-type]
-        limit = self.capabilities.max_abandon_delay
-        if value > 0 and limit <= 0:
-            raise errors.UnsupportedOperation(
-                f"{self._driver.scheme} cannot delay an abandoned message; abandon with delay=0"
-            )
-        if value > limit:
-            raise errors.InvalidArgument(
-                f"{self._driver.scheme} delays an abandoned message by at most {limit:g} s, "
-                f"got {value:g} s"
-            )
-        if value > 0:
-            value = math.ceil(value / self.capabilities.lease_resolution - 1e-9) * (
-                self.capabilities.lease_resolution
-            )
-        return max(value, self.capabilities.min_abandon_delay)
-
-    def _check_reason(self, reason: object) -> str:
-        if not isinstance(reason, str) or not reason.strip():
-            raise errors.InvalidArgument(
-                f"a dead-letter reason must be a non-empty str, got {reason!r}"
-            )
-        return check_text(reason, "a dead-letter reason")[:MAX_REASON]
-
     def _outgoing(
-        self,
-        body: object,
-        delay: object,
-        ttl: object,
-        properties: Mapping[str, str] | None,
+        self, body: object, delay: object, ttl: object, properties: Mapping[str, str] | None
     ) -> OutgoingMessage:
-        caps = self.capabilities
-        scheme = self._driver.scheme
-        if isinstance(body, str):
-            raise errors.InvalidArgument(
-                "a message body must be bytes, got str; encode it first, e.g. body.encode()"
-            )
-        if not isinstance(body, bytes | bytearray | memoryview):
-            raise errors.InvalidArgument(f"a message body must be bytes, got {type(body).__name__}")
-        data = bytes(body)
-        if len(data) > caps.max_message_size:
-            raise errors.MessageTooLarge(
-                f"{scheme} accepts bodies of at most {caps.max_message_size} bytes, got {len(data)}"
-            )
-        if not is_number(delay) or not math.isfinite(delay) or delay < 0:  # type: ignore[operator, arg-type]
-            raise errors.InvalidArgument(f"delay must be a number of seconds >= 0, got {delay!r}")
-        delay_s = float(delay)  # type: ignore[arg-type]
-        if delay_s > 0 and caps.max_send_delay <= 0:
-            raise errors.UnsupportedOperation(f"{scheme} cannot delay a sent message")
-        if delay_s > caps.max_send_delay:
-            raise errors.InvalidArgument(
-                f"{scheme} delays a message by at most {caps.max_send_delay:g} s, got {delay_s:g}"
-            )
-        ttl_s: float | None = None
-        if ttl is not None:
-            if not is_number(ttl) or not math.isfinite(ttl) or ttl <= 0:  # type: ignore[operator, arg-type]
-                raise errors.InvalidArgument(f"ttl must be a number of seconds > 0, got {ttl!r}")
-            ttl_s = float(ttl)  # type: ignore[arg-type]
-            if caps.max_ttl is None:
-                raise errors.UnsupportedOperation(f"{scheme} cannot set a time-to-live per message")
-            if ttl_s > caps.max_ttl:
-                raise errors.InvalidArgument(
-                    f"{scheme} keeps a message for at most {caps.max_ttl:g} s, got ttl={ttl_s:g}"
-                )
-        if ttl_s is not None and delay_s >= ttl_s:
-            raise errors.InvalidArgument(
-                f"delay ({delay_s:g} s) must be shorter than ttl ({ttl_s:g} s): the message "
-                "would expire before it becomes visible"
-            )
-        props: dict[str, str] = {}
-        if properties is not None and not isinstance(properties, Mapping):
-            raise errors.InvalidArgument("properties must be a mapping of str to str")
-        if properties:
-            if not caps.supports_properties:
-                raise errors.UnsupportedOperation(f"{scheme} cannot carry message properties")
-            for key, value in properties.items():
-                if not isinstance(key, str) or not isinstance(value, str) or not key:
-                    raise errors.InvalidArgument(
-                        f"properties must map non-empty str to str, got {key!r}: {value!r}"
-                    )
-                props[check_text(key, "a property name")] = check_text(value, "a property value")
-        message = OutgoingMessage(body=data, delay=delay_s, ttl=ttl_s, properties=props)
+        """The message to send, checked by core and by the driver (no call made)."""
+        message = arguments.outgoing(
+            self.capabilities, self._driver.scheme, body, delay, ttl, properties
+        )
         try:
             self._driver.validate(message)  # what only the driver can tell; no call made
         except Exception as exc:

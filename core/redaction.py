@@ -109,6 +109,7 @@ _secret_pattern: re.Pattern[str] | None = None
 
 # --------------------------------------------------------------- held secrets
 
+
 class Secret:
     """A credential a driver keeps until it makes its client, shown as hidden in every repr.
 
