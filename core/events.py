@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any
 
-__all__ = ["Bracket", "Events"]
+__all__ = ["Events"]
 
 _log = logging.getLogger("leasekit")
 
@@ -41,14 +42,20 @@ class Events:
 
     def bracket(
         self, name: str, after: Callable[[BaseException | None], Mapping[str, Any]], **before: Any
-    ) -> Bracket:
+    ) -> AbstractContextManager[None]:
         """The ``leasekit_before_<name>``/``leasekit_after_<name>`` pair around a ``with`` block.
 
         ``before`` is emitted on entry, the after event on exit, with the
         arguments ``after(error)`` gives plus ``error`` (the block's exception,
-        or ``None``); neither is built when no plugin observes the pair.
+        or ``None``); nothing is emitted, and ``after`` not called, when no
+        plugin observes the pair.
         """
-        return Bracket(self, name, after, before)
+        hooks = _PAIRS.get(name)
+        if hooks is None:
+            hooks = _PAIRS.setdefault(name, (f"leasekit_before_{name}", f"leasekit_after_{name}"))
+        if not (self.observed(hooks[0]) or self.observed(hooks[1])):
+            return _UNOBSERVED
+        return _Bracket(self, hooks, after, before)
 
     def emit(self, hook: str, **kwargs: Any) -> None:
         """Call ``hook``'s observers with the arguments each accepts; log their errors."""
@@ -68,30 +75,29 @@ class Events:
                 _log.exception("leasekit plugin %r failed in %s", impl.plugin_name, hook)
 
 
-class Bracket:
-    """A ``before_``/``after_`` event pair around a ``with`` block (see :meth:`Events.bracket`)."""
+#: ``before_``/``after_`` hook names by event name (``"send"``: ``leasekit_before_send``...).
+_PAIRS: dict[str, tuple[str, str]] = {}
 
-    __slots__ = ("_after", "_after_hook", "_before", "_before_hook", "_events", "observed")
+
+class _Bracket:
+    """An observed ``before_``/``after_`` event pair around a ``with`` block."""
+
+    __slots__ = ("_after", "_before", "_events", "_hooks")
 
     def __init__(
         self,
         events: Events,
-        name: str,
+        hooks: tuple[str, str],
         after: Callable[[BaseException | None], Mapping[str, Any]],
         before: Mapping[str, Any],
     ) -> None:
         self._events = events
-        self._before_hook = f"leasekit_before_{name}"
-        self._after_hook = f"leasekit_after_{name}"
+        self._hooks = hooks
         self._before = before
         self._after = after
-        #: Whether a plugin implements either hook (else nothing is emitted).
-        self.observed = events.observed(self._before_hook) or events.observed(self._after_hook)
 
-    def __enter__(self) -> Bracket:
-        if self.observed:
-            self._events.emit(self._before_hook, **self._before)
-        return self
+    def __enter__(self) -> None:
+        self._events.emit(self._hooks[0], **self._before)
 
     def __exit__(
         self,
@@ -99,5 +105,19 @@ class Bracket:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self.observed:
-            self._events.emit(self._after_hook, **self._after(exc), error=exc)
+        self._events.emit(self._hooks[1], **self._after(exc), error=exc)
+
+
+class _Unobserved:
+    """A pair no plugin observes: the ``with`` block runs, nothing is emitted."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+_UNOBSERVED = _Unobserved()

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from . import errors
 from .deadline import deadline, time_left
@@ -51,9 +51,11 @@ _Taken = tuple[int, "Lease", str]
 _Results = list[errors.LeaseError | errors.LeaseStateError | None]
 
 
-@dataclass(frozen=True)
-class SettleSpec:
+class SettleSpec(NamedTuple):
     """How one kind of settle is done: which backend call, in what batches, reported how.
+
+    A named tuple (not a dataclass): one is made per ``complete_many`` or
+    ``abandon_many`` call, and a Consumer makes one per batch it completes.
 
     Parameters
     ----------
@@ -70,7 +72,7 @@ class SettleSpec:
     batch: int
     call: Callable[[list[str]], list[BaseException | None]]
     hook: str
-    hook_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    hook_kwargs: Mapping[str, Any] = MappingProxyType({})
 
 
 class LeaseOperations:
