@@ -28,11 +28,11 @@ Delivery semantics:
     At least once. MNS sets the visibility timeout **per queue**: a receive
     hides each message for the queue's ``VisibilityTimeout``. A lease of any
     other duration costs one ``ChangeMessageVisibility`` right after the
-    receive (core does it: ``lease_on_receive=False``,
-    ``lease_set_after_receive=True``), so set the queue's visibility timeout to
-    the lease you use most (``create=True`` makes queues with MNS's default,
-    30 s, which is also leasekit's default lease). The receipt is MNS's receipt
-    handle. Renew is ``ChangeMessageVisibility``, which **rotates the handle**
+    receive (core does it: ``lease_set_after_receive=True``), so set the
+    queue's visibility timeout to the lease you use most (``create=True``
+    makes queues with MNS's default, 30 s, which is also leasekit's default
+    lease). The receipt is MNS's receipt handle. Renew is
+    ``ChangeMessageVisibility``, which **rotates the handle**
     (the old one then gets ``MessageNotExist``); core tracks the newest.
     Abandon is ``ChangeMessageVisibility`` with the delay, at least 1 s: MNS
     refuses 0, so an abandoned message is visible again after one second, not
@@ -519,7 +519,6 @@ CAPABILITIES = Capabilities(
     min_lease=float(MIN_VISIBILITY),
     max_lease=float(MAX_VISIBILITY),
     lease_resolution=1.0,
-    lease_on_receive=False,
     lease_set_after_receive=True,
     fixed_lease=None,
     max_total_lease=None,

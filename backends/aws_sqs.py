@@ -47,7 +47,7 @@ Delivery semantics:
     ``maxReceiveCount`` and the rest of the AWS tooling looks) or, without a
     redrive policy, to ``<queue>-poison``; then deletes the original. A copy too
     large for the queue goes with its reason shortened, then without it.
-    ``Queue.delete()`` deletes ``<queue>-poison``, never a redrive-policy DLQ.
+    ``Queue.delete_queue()`` deletes ``<queue>-poison``, never a redrive-policy DLQ.
     Reading dead letters back (``peek_dead_letters``) receives them with a 30 s
     visibility and then releases them (visibility 0): SQS cannot peek, so this
     raises their receive count in the DLQ.
@@ -122,7 +122,7 @@ from leasekit.deadline import call_timeout, check_deadline
 from leasekit.errors import BackendNotInstalled, InvalidURL
 from leasekit.hookspecs import hookimpl
 from leasekit.options import as_float, as_int, as_object
-from leasekit.redaction import install_log_redaction, redact_url
+from leasekit.redaction import Secret, install_log_redaction, redact_url
 from leasekit.registry import BackendSpec
 from leasekit.spi import (
     Driver,
@@ -284,20 +284,6 @@ def leasekit_add_backends() -> list[BackendSpec]:
     ]
 
 
-class _Secret:
-    """Credentials kept out of every repr."""
-
-    __slots__ = ("access_key_id", "secret_access_key", "session_token")
-
-    def __init__(self, access_key_id: str | None, secret: str | None, token: str | None) -> None:
-        self.access_key_id = access_key_id
-        self.secret_access_key = secret
-        self.session_token = token
-
-    def __repr__(self) -> str:
-        return "<credentials hidden>"
-
-
 class _Connection:
     """One boto3 client, created on first use and shared by a driver and its siblings."""
 
@@ -342,7 +328,6 @@ CAPABILITIES = Capabilities(
     min_lease=1.0,
     max_lease=float(MAX_VISIBILITY),
     lease_resolution=1.0,
-    lease_on_receive=True,
     max_total_lease=float(MAX_VISIBILITY),
     renew_rotates_receipt=False,
     detects_stale_receipts=False,
@@ -470,7 +455,7 @@ class SqsDriver(Driver):
         self.endpoint_url = endpoint_url
         self.account = str(account) if account is not None else None
         self._profile = profile
-        self._secret = _Secret(aws_access_key_id, aws_secret_access_key, aws_session_token)
+        self._secret = Secret((aws_access_key_id, aws_secret_access_key, aws_session_token))
         self._max_attempts = as_int(max_attempts, "max_attempts", minimum=1)
         self._connect_timeout = as_float(connect_timeout, "connect_timeout", minimum=0.001)
         self._read_timeout = as_float(read_timeout, "read_timeout", minimum=0.001)
@@ -522,10 +507,11 @@ class SqsDriver(Driver):
         import boto3
         from botocore.config import Config
 
+        key_id, secret, token = self._secret.value
         session = boto3.session.Session(
-            aws_access_key_id=self._secret.access_key_id,
-            aws_secret_access_key=self._secret.secret_access_key,
-            aws_session_token=self._secret.session_token,
+            aws_access_key_id=key_id,
+            aws_secret_access_key=secret,
+            aws_session_token=token,
             profile_name=self._profile,
             region_name=self.region,
         )

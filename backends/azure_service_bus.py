@@ -24,7 +24,7 @@ Delivery semantics:
     At least once. A lease is a PeekLock receive: the message is locked for the
     queue's **LockDuration**, a property of the entity that a receive cannot
     choose. So the capabilities declare ``fixed_lease`` (= ``min_lease`` =
-    ``max_lease``, ``lease_on_receive=False``): core refuses any other physical
+    ``max_lease``): core refuses any other physical
     duration, and a longer hold is ``LeaseKeeper`` renewing the fixed lock in
     steps. The driver learns the LockDuration from the ``lock_duration`` option
     (default 60 s, the Service Bus default): capabilities must be known before
@@ -148,6 +148,7 @@ from leasekit.deadline import call_timeout
 from leasekit.errors import BackendNotInstalled, InvalidURL
 from leasekit.hookspecs import hookimpl
 from leasekit.options import as_float, as_int, as_text
+from leasekit.redaction import Secret as _Secret
 from leasekit.redaction import install_log_redaction
 from leasekit.registry import BackendSpec
 from leasekit.spi import (
@@ -269,18 +270,6 @@ def leasekit_add_backends() -> list[BackendSpec]:
             description="Azure Service Bus queues (PeekLock, fixed lock renewed, native DLQ)",
         )
     ]
-
-
-class _Secret:
-    """A connection string or credential, kept out of every repr."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def __repr__(self) -> str:
-        return "<credentials hidden>"
 
 
 @dataclass
@@ -436,7 +425,6 @@ CAPABILITIES = Capabilities(
     min_lease=DEFAULT_LOCK_DURATION,
     max_lease=DEFAULT_LOCK_DURATION,
     lease_resolution=1.0,
-    lease_on_receive=False,
     lease_set_after_receive=False,
     fixed_lease=DEFAULT_LOCK_DURATION,
     max_total_lease=None,

@@ -387,7 +387,6 @@ CAPABILITIES = Capabilities(
     min_lease=1.0,
     max_lease=float(WEEK),
     lease_resolution=1.0,
-    lease_on_receive=True,
     renew_rotates_receipt=True,
     detects_stale_receipts=True,
     expired_receipt_usable=True,

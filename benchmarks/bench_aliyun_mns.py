@@ -204,7 +204,7 @@ def _leasekit_scenario(
             consume_s = leasekit_concurrent(queue, messages, threads, batched=batched)
         return Result(messages, send_s, consume_s, time.process_time() - cpu)
     finally:
-        queue.delete()
+        queue.delete_queue()
         queue.close()
 
 
@@ -234,7 +234,7 @@ def paired_raw_vs_leasekit(
         return messages / raw_s, messages / leasekit_s, raw_s / leasekit_s
     finally:
         raw.delete()
-        queue.delete()
+        queue.delete_queue()
         queue.close()
 
 

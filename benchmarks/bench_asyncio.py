@@ -186,7 +186,7 @@ def run_loops(kind: str, messages: int, turns: int, latency: float = 0.0) -> Non
                 else:
                     aqueue = leasekit.aio.AsyncQueue(queue)
                     seconds = asyncio.run(async_drain(aqueue, messages))
-                queue.delete()
+                queue.delete_queue()
                 queue.close()
                 got[side] = messages / seconds
                 rates[side].append(got[side])
@@ -328,7 +328,7 @@ def blocked_leasekit(opts: dict[str, Any], lease: float, messages: int) -> dict[
         return await consumer.run(until_idle=True)
 
     stats = asyncio.run(main())
-    queue.delete()
+    queue.delete_queue()
     queue.close()
     return {
         "completed": stats.completed,
@@ -379,7 +379,7 @@ def blocked_autolockrenewer(opts: dict[str, Any], messages: int) -> dict[str, in
 
     result = asyncio.run(main())
     cleanup = _open(opts)
-    cleanup.delete()
+    cleanup.delete_queue()
     cleanup.close()
     return result
 

@@ -232,7 +232,7 @@ def scenarios(endpoint: str, workers: int) -> list[Callable[[], Scenario]]:
         queue = leasekit.open("aws-sqs", queue=_name("lk"), create=True, **options)
 
         def close() -> None:
-            queue.delete()
+            queue.delete_queue()
             queue.close()
 
         if threads == 1:

@@ -52,7 +52,7 @@ def drain(
             queue, messages, concurrency, receivers=receivers, prefetch=prefetch
         )
     finally:
-        queue.delete()
+        queue.delete_queue()
         queue.close()
     return messages / seconds
 

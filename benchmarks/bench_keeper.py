@@ -89,7 +89,7 @@ def run_keeper(n: int, duration: float, seconds: float) -> dict[str, float]:
         "cpu_per_renewal_us": used / max(renewed, 1) * 1e6,
     }
     queue.complete_many(leases)
-    queue.delete()
+    queue.delete_queue()
     return result
 
 
@@ -153,7 +153,7 @@ def run_naive(n: int, duration: float, seconds: float) -> dict[str, float]:
         "cpu_per_renewal_us": used / max(renewals, 1) * 1e6,
         "error": failed_to_start,
     }
-    queue.delete()
+    queue.delete_queue()
     return result
 
 

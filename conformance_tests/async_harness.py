@@ -208,8 +208,8 @@ class BlockingQueue:
         """``await queue.create()``."""
         self.loop.run(self.aqueue.create())
 
-    def delete(self) -> None:
-        """``await queue.delete()``."""
+    def delete_queue(self) -> None:
+        """``await queue.delete()`` (``AsyncQueue``'s name for ``Queue.delete_queue``)."""
         self.loop.run(self.aqueue.delete())
 
     def close(self) -> None:

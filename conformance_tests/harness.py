@@ -58,7 +58,7 @@ class Harness:
     def cleanup(self, queue: Queue) -> None:
         """Delete a queue made by :meth:`make_queue` and close it."""
         try:
-            queue.delete()
+            queue.delete_queue()
         finally:
             queue.close()
             with self._lock:

@@ -687,7 +687,7 @@ class ConformanceSuite:
         try:
             queue.send(b"orphan")
             lease = _lease_one(queue, long, wait=MARGIN)
-            queue.delete()
+            queue.delete_queue()
             with pytest.raises(QueueNotFound):
                 lease.complete()
             assert not lease.lost.is_set()

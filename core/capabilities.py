@@ -32,9 +32,6 @@ class Capabilities:
     max_lease: float = 43200.0
     #: Durations are rounded *up* to a multiple of this (1.0 for whole seconds).
     lease_resolution: float = 1.0
-    #: The lease duration can be chosen per receive (else the queue's setting is
-    #: used and core changes it right after receive, see ``lease_set_after_receive``).
-    lease_on_receive: bool = True
     #: The receive uses the queue's visibility and a per-lease duration needs an
     #: extra visibility change right after receive (MNS).
     lease_set_after_receive: bool = False
@@ -139,6 +136,15 @@ class Capabilities:
         if not self.native_dead_letter and "total" in counted:
             counted.add("dead_lettered")
         return frozenset(counted)
+
+    def clamp_lease(self, seconds: float) -> float:
+        """``seconds`` moved into the backend's lease range (``min_lease`` to ``max_lease``).
+
+        For a wanted duration that is a preference, not the caller's argument
+        (a default, a policy's guess): an argument out of range is refused
+        instead (``InvalidLeaseDuration``).
+        """
+        return min(max(seconds, self.min_lease), self.max_lease)
 
     def replace(self, **changes: Any) -> Capabilities:
         """A copy with some fields changed."""

@@ -12,6 +12,9 @@ middleware); an observer's error is logged, never raised into the work.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from types import TracebackType
 from typing import Any
 
 __all__ = ["Events"]
@@ -37,6 +40,23 @@ class Events:
         caller = getattr(self._relay, hook, None) if self._relay is not None else None
         return bool(caller is not None and caller.get_hookimpls())
 
+    def bracket(
+        self, name: str, after: Callable[[BaseException | None], Mapping[str, Any]], **before: Any
+    ) -> AbstractContextManager[None]:
+        """The ``leasekit_before_<name>``/``leasekit_after_<name>`` pair around a ``with`` block.
+
+        ``before`` is emitted on entry, the after event on exit, with the
+        arguments ``after(error)`` gives plus ``error`` (the block's exception,
+        or ``None``); nothing is emitted, and ``after`` not called, when no
+        plugin observes the pair.
+        """
+        hooks = _PAIRS.get(name)
+        if hooks is None:
+            hooks = _PAIRS.setdefault(name, (f"leasekit_before_{name}", f"leasekit_after_{name}"))
+        if not (self.observed(hooks[0]) or self.observed(hooks[1])):
+            return _UNOBSERVED
+        return _Bracket(self, hooks, after, before)
+
     def emit(self, hook: str, **kwargs: Any) -> None:
         """Call ``hook``'s observers with the arguments each accepts; log their errors."""
         if self._relay is None:
@@ -53,3 +73,51 @@ class Events:
                 impl.function(**{name: kwargs[name] for name in impl.argnames if name in kwargs})
             except Exception:
                 _log.exception("leasekit plugin %r failed in %s", impl.plugin_name, hook)
+
+
+#: ``before_``/``after_`` hook names by event name (``"send"``: ``leasekit_before_send``...).
+_PAIRS: dict[str, tuple[str, str]] = {}
+
+
+class _Bracket:
+    """An observed ``before_``/``after_`` event pair around a ``with`` block."""
+
+    __slots__ = ("_after", "_before", "_events", "_hooks")
+
+    def __init__(
+        self,
+        events: Events,
+        hooks: tuple[str, str],
+        after: Callable[[BaseException | None], Mapping[str, Any]],
+        before: Mapping[str, Any],
+    ) -> None:
+        self._events = events
+        self._hooks = hooks
+        self._before = before
+        self._after = after
+
+    def __enter__(self) -> None:
+        self._events.emit(self._hooks[0], **self._before)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._events.emit(self._hooks[1], **self._after(exc), error=exc)
+
+
+class _Unobserved:
+    """A pair no plugin observes: the ``with`` block runs, nothing is emitted."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+_UNOBSERVED = _Unobserved()

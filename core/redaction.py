@@ -1,7 +1,12 @@
 """Keeping secrets out of messages and log lines: the one redaction policy for every backend.
 
 leasekit promises that no credential appears in a repr, an exception message or
-a log line. Three tools keep that promise:
+a log line. Four tools keep that promise:
+
+:class:`Secret`
+    A credential a driver holds (a connection string, an SDK credential
+    object, key material) wrapped so that any repr shows ``<credentials
+    hidden>``; the driver reads ``.value`` only to make its client.
 
 :func:`redact_url`
     A URL with everything that could be a credential replaced by ``***``: the
@@ -49,6 +54,7 @@ __all__ = [
     "ENV_SWITCH",
     "MASK",
     "RedactingFilter",
+    "Secret",
     "install_log_redaction",
     "log_redaction_installed",
     "redact",
@@ -99,6 +105,26 @@ MAX_REMEMBERED = 256
 _lock = threading.Lock()
 _secrets: dict[str, None] = {}  # insertion-ordered set
 _secret_pattern: re.Pattern[str] | None = None
+
+
+# --------------------------------------------------------------- held secrets
+
+
+class Secret:
+    """A credential a driver keeps until it makes its client, shown as hidden in every repr.
+
+    Parameters
+    ----------
+        value: the connection string, credential object or key material.
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return "<credentials hidden>"
 
 
 # ------------------------------------------------------------------ text

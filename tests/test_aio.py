@@ -295,7 +295,7 @@ def test_leases_survive_a_blocked_event_loop_on_mns(mns_server: Any) -> None:
     assert (stats.completed, stats.lost, stats.stale_on_complete) == (2, 0, 0)
     with leasekit.open("aliyun-mns", queue=name, **options) as queue:
         assert queue.lease(1, duration=5, wait=1) == []
-        queue.delete()
+        queue.delete_queue()
 
 
 def test_the_keeper_never_runs_on_the_event_loop(tmp_path: Path) -> None:

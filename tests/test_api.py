@@ -191,6 +191,20 @@ def test_closed_queue_refuses_use(queue: Queue) -> None:
         queue.send(b"x")
 
 
+def test_delete_queue_deletes_the_queue_and_its_messages(queue: Queue) -> None:
+    queue.send(b"x")
+    queue.delete_queue()
+    with pytest.raises(errors.QueueNotFound):
+        queue.lease(1)
+
+
+def test_delete_is_a_deprecated_alias_of_delete_queue(queue: Queue) -> None:
+    with pytest.warns(DeprecationWarning, match=r"use Queue\.delete_queue\(\)"):
+        queue.delete()
+    with pytest.raises(errors.QueueNotFound):
+        queue.lease(1)
+
+
 def test_fixed_lock_backends_refuse_other_durations(broker: MemoryBroker) -> None:
     driver = MemoryDriver(queue="fixed", broker=broker)
     driver.capabilities = driver.capabilities.replace(
@@ -211,6 +225,18 @@ def test_durations_round_up_to_the_backend_resolution(broker: MemoryBroker) -> N
     queue.send(b"x")
     [lease] = queue.lease(1, duration=1.2)
     assert lease.duration == 2.0
+
+
+def test_clamp_lease_moves_a_wanted_duration_into_the_backend_range() -> None:
+    caps = leasekit.Capabilities(min_lease=5.0, max_lease=60.0)
+    assert [caps.clamp_lease(s) for s in (1.0, 30.0, 600.0)] == [5.0, 30.0, 60.0]
+
+
+def test_default_lease_is_30_s_within_the_backend_range(broker: MemoryBroker) -> None:
+    driver = MemoryDriver(queue="short", broker=broker)
+    driver.capabilities = driver.capabilities.replace(max_lease=20.0)
+    assert Queue(driver).default_lease_duration == 20.0
+    assert Queue(MemoryDriver(queue="free", broker=broker)).default_lease_duration == 30.0
 
 
 def test_total_lease_cap_refuses_a_renew_past_it(broker: MemoryBroker) -> None:
@@ -523,7 +549,7 @@ def test_a_message_abandoned_with_a_delay_counts_as_delayed_not_leased(
         assert (stats.visible, stats.leased, stats.delayed) == (0, 1, 1)
         second.abandon()
         assert queue.stats().visible == 1
-        queue.delete()
+        queue.delete_queue()
 
 
 def test_abandon_waits_at_least_the_declared_minimum(broker: MemoryBroker) -> None:

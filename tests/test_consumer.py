@@ -23,7 +23,7 @@ from leasekit.spi import DriverError, ErrorCode
 def queue() -> Queue:
     q = leasekit.open("memory", queue=f"consumer-{time.monotonic_ns()}", create=True)
     yield q
-    q.delete()
+    q.delete_queue()
     q.close()
 
 

@@ -347,7 +347,7 @@ def test_mns_emulator_through_the_proxy(fault_proxy: MakeProxy, mns_server: Any)
     try:
         _prove_pass_then_drop(q, proxy, lock_on_connection=False)
     finally:
-        q.delete()
+        q.delete_queue()
         q.close()
 
 
@@ -358,7 +358,7 @@ def test_moto_sqs_through_the_proxy(fault_proxy: MakeProxy, moto_server: Any) ->
     try:
         _prove_pass_then_drop(q, proxy, lock_on_connection=False)
     finally:
-        q.delete()
+        q.delete_queue()
         q.close()
 
 
@@ -375,7 +375,7 @@ def test_azurite_through_the_proxy(fault_proxy: MakeProxy, azurite: Azurite) -> 
     try:
         _prove_pass_then_drop(q, proxy, lock_on_connection=False)
     finally:
-        q.delete()
+        q.delete_queue()
         q.close()
 
 
@@ -398,5 +398,5 @@ def test_servicebus_emulator_through_the_proxy(
     try:
         _prove_pass_then_drop(q, proxy, lock_on_connection=True)
     finally:
-        q.delete()
+        q.delete_queue()
         q.close()

@@ -20,7 +20,7 @@ from leasekit.spi import DriverError, ErrorCode
 def queue() -> Queue:
     q = leasekit.open("memory", queue=f"keeper-{time.monotonic_ns()}", create=True)
     yield q
-    q.delete()
+    q.delete_queue()
     q.close()
 
 

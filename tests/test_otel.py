@@ -34,6 +34,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import leasekit
 import leasekit.aio
+from leasekit.events import Events
 from leasekit.plugins import otel
 from leasekit.spi import OutgoingMessage
 
@@ -162,10 +163,14 @@ def test_without_a_send_observer_core_builds_no_event(monkeypatch: pytest.Monkey
     registry.register(leasekit.BackendSpec("memory", "leasekit.backends.memory:MemoryDriver"))
     queue = registry.open("memory", queue=f"quiet-{uuid.uuid4().hex[:6]}", create=True)
 
-    def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("no plugin observes sends: nothing should be built")
+    emit = Events.emit
 
-    monkeypatch.setattr(leasekit.Queue, "_before_send", refuse)
+    def refuse_sends(self: Events, hook: str, **kwargs: Any) -> None:
+        if "_send" in hook:
+            raise AssertionError("no plugin observes sends: nothing should be built")
+        emit(self, hook, **kwargs)
+
+    monkeypatch.setattr(Events, "emit", refuse_sends)
     queue.send(b"x")
     queue.send_many([b"y"])
     assert len(queue.lease(2)) == 2
@@ -545,7 +550,7 @@ def test_sqs_carries_the_trace_context_and_a_full_message_is_sent_without_it(
         leases[small].abandon()
         _consume(queue, concurrency=2)
     finally:
-        queue.delete()
+        queue.delete_queue()
         queue.close()
     sends = {s["attributes"]["messaging.message.id"]: s for s in telemetry.spans("send ")}
     assert {s["attributes"]["messaging.system"] for s in sends.values()} == {"aws_sqs"}

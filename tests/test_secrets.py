@@ -106,6 +106,14 @@ def test_a_remembered_secret_is_hidden_in_any_text() -> None:
     assert redact("a short word") == "a short word"
 
 
+def test_a_held_secret_shows_as_hidden_in_any_repr() -> None:
+    held = redaction.Secret(("AKIAEXAMPLE", "wJalrXUtnFEMI/K7MDENG", None))
+    assert held.value[1] == "wJalrXUtnFEMI/K7MDENG"
+    for shown in (repr(held), str(held), f"{held!r}", repr([held]), repr({"c": held})):
+        assert "wJalr" not in shown and "AKIA" not in shown
+    assert repr(held) == "<credentials hidden>"
+
+
 @pytest.mark.parametrize(
     "url",
     [
@@ -389,7 +397,7 @@ def test_azure_storage_queue_on_azurite_shows_no_secret(
         )
     finally:
         with leasekit.open("azure-storage-queue", queue=name, **by_key) as q:
-            q.delete()
+            q.delete_queue()
     assert "sig=***" in caplog.text  # the SAS went over the wire, and was hidden in the log
 
 

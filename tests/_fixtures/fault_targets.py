@@ -62,7 +62,7 @@ class FaultTarget:
         self.proxy.pass_()
         for proxied, direct in self.pairs:
             try:
-                direct.delete()
+                direct.delete_queue()
             except leasekit.LeaseError:
                 pass
             finally:

@@ -104,7 +104,7 @@ def queue(options: dict[str, str]) -> Iterator[Queue]:
     try:
         yield q
     finally:
-        q.delete()
+        q.delete_queue()
         q.close()
 
 
@@ -168,7 +168,7 @@ def test_url_opens_a_working_queue(mns_server: Any) -> None:
         [lease] = q.lease(1, wait=5)
         assert lease.message.body == b"via url"
         lease.complete()
-        q.delete()
+        q.delete_queue()
 
 
 def test_credentials_come_from_the_environment(
@@ -179,7 +179,7 @@ def test_credentials_come_from_the_environment(
     name = f"t-{uuid.uuid4().hex[:12]}"
     with leasekit.open("aliyun-mns", queue=name, endpoint=mns_server.endpoint, create=True) as q:
         q.send(b"env")
-        q.delete()
+        q.delete_queue()
 
 
 def test_missing_credentials_and_bad_options_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -449,7 +449,7 @@ def test_poison_sibling_shares_the_connection_pool(queue: Queue) -> None:
     queue.send(b"poison")
     [lease] = queue.lease(1, wait=5)
     lease.dead_letter("bad input")
-    poison = queue._poison
+    poison = queue._dead_letters.target
     assert poison is not None
     assert poison._clients is queue.driver._clients  # type: ignore[attr-defined]
     [letter] = queue.peek_dead_letters()

@@ -85,7 +85,7 @@ def queue(moto_server: Any) -> Iterator[Queue]:
     try:
         yield q
     finally:
-        q.delete()
+        q.delete_queue()
         q.close()
 
 
@@ -171,7 +171,7 @@ def test_credentials_stay_out_of_reprs(moto_server: Any) -> None:
         for text in (repr(q), repr(driver), repr(vars(driver)), repr(driver._connection)):
             assert "hunter2" not in text
     finally:
-        q.delete()
+        q.delete_queue()
         q.close()
 
 
@@ -383,8 +383,8 @@ def test_dead_letter_uses_the_redrive_policy_target(queue: Queue, moto_server: A
         assert dict(letters[0].properties) == {"kind": "order"}
         with pytest.raises(botocore_exceptions.ClientError):
             client.get_queue_url(QueueName=name + "-poison")
-        q.delete()
-        # The redrive DLQ is the user's (maybe shared): Queue.delete() keeps it.
+        q.delete_queue()
+        # The redrive DLQ is the user's (maybe shared): Queue.delete_queue() keeps it.
         raw = client.receive_message(QueueUrl=dlq_url, MessageAttributeNames=["All"])
         message = raw["Messages"][0]
         assert message["MessageAttributes"]["leasekit-dead-letter-reason"]["StringValue"] == (
@@ -413,7 +413,7 @@ def test_dead_letter_without_redrive_goes_to_poison_queue_deleted_with_the_queue
         )
         # Peeking released the letter again.
         assert len(q.peek_dead_letters(10)) == 1
-        q.delete()
+        q.delete_queue()
         with pytest.raises(botocore_exceptions.ClientError):
             client.get_queue_url(QueueName=q.name + "-poison")
         del poison_url
@@ -509,7 +509,7 @@ def test_stats_count_every_letter_in_the_redrive_dlq(queue: Queue, moto_server: 
         assert q.stats().dead_lettered == 2
         del second
     finally:
-        q.delete()
+        q.delete_queue()
         q.close()
         client.delete_queue(QueueUrl=dlq_url)
 
@@ -577,12 +577,12 @@ def test_deleted_queue_is_queue_not_found_for_every_call(moto_server: Any) -> No
     q = leasekit.open("aws-sqs", queue=_name(), create=True, **moto_server.options)
     q.send(b"x")
     lease = q.lease(1, duration=60, wait=5)[0]
-    q.delete()
+    q.delete_queue()
     for action in (lambda: q.send(b"y"), lambda: q.lease(1), lease.renew, lease.complete):
         with pytest.raises(QueueNotFound):
             action()
     assert not lease.lost.is_set()
-    q.delete()  # deleting a missing queue is fine
+    q.delete_queue()  # deleting a missing queue is fine
     q.close()
 
 

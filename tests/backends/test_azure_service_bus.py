@@ -85,7 +85,7 @@ def queue(servicebus_server: Any) -> Iterator[Queue]:
     try:
         yield q
     finally:
-        q.delete()
+        q.delete_queue()
         q.close()
 
 
@@ -136,7 +136,7 @@ def test_url_names_namespace_and_queue_without_any_network() -> None:
     assert driver._client is None  # nothing opened
     caps = q.capabilities
     assert (caps.fixed_lease, caps.min_lease, caps.max_lease) == (30.0, 30.0, 30.0)
-    assert not caps.lease_on_receive and caps.max_abandon_delay == 0
+    assert caps.max_abandon_delay == 0
     assert q.default_lease_duration == 30.0
     q.close()
     bare = leasekit.open("azure-service-bus://contoso/orders", credential=object())
@@ -283,7 +283,7 @@ def test_dead_letter_and_max_delivery_count_land_in_the_dlq(servicebus_server: A
         # Both letters counted, the broker's own too (runtime properties).
         assert q.stats() == QueueStats(delayed=0, dead_lettered=2, total=0)
     finally:
-        q.delete()
+        q.delete_queue()
         q.close()
 
 
@@ -291,7 +291,7 @@ def test_every_lock_of_a_deleted_queue_is_queue_not_found(queue: Queue) -> None:
     queue.send_many([b"a", b"b"])
     leases = queue.lease(2, wait=5)
     leases += queue.lease(2 - len(leases), wait=2) if len(leases) < 2 else []
-    queue.delete()
+    queue.delete_queue()
     for lease in leases:
         with pytest.raises(QueueNotFound):
             lease.complete()
@@ -324,7 +324,7 @@ def test_lock_duration_differing_from_the_queue_is_logged(
         assert "lock_duration" in caplog.text
         lease.complete()
     finally:
-        q.delete()
+        q.delete_queue()
         q.close()
 
 
@@ -337,14 +337,14 @@ def test_queue_admin_goes_through_the_administration_client(servicebus_server: A
         with pytest.raises(leasekit.LeaseError, match="exists with LockDuration 2 s"):
             _open(servicebus_server, q.name, create=True, lock_duration=3)
     finally:
-        q.delete()
+        q.delete_queue()
         q.close()
     with servicebus_server.admin_client() as admin, pytest.raises(ResourceNotFoundError):
         admin.get_queue(q.name)
     gone = _open(servicebus_server, q.name, create=False)
     with pytest.raises(QueueNotFound):
         gone.stats()
-    gone.delete()  # a missing queue is fine
+    gone.delete_queue()  # a missing queue is fine
     gone.close()
 
 

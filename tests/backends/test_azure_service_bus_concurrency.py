@@ -39,7 +39,7 @@ def queue(servicebus_server: Any) -> Iterator[Queue]:
     try:
         yield q
     finally:
-        q.delete()
+        q.delete_queue()
         q.close()
 
 

@@ -66,7 +66,7 @@ def queue(azurite: Azurite, queue_name: str) -> Iterator[leasekit.Queue]:
     try:
         yield q
     finally:
-        q.delete()
+        q.delete_queue()
         q.close()
 
 
@@ -323,7 +323,7 @@ def test_deleting_the_queue_deletes_its_poison_queue(azurite: Azurite, queue_nam
     with q:
         q.send(b"p")
         q.lease(1, duration=30)[0].dead_letter("x")
-        q.delete()
+        q.delete_queue()
     poison = QueueClient.from_connection_string(azurite.connection_string, queue_name + "-poison")
     with poison, pytest.raises(ResourceNotFoundError):
         poison.get_queue_properties()
@@ -493,8 +493,8 @@ def test_create_and_delete_are_idempotent(azurite: Azurite, queue_name: str) -> 
     with q:
         q.create()
         q.create()
-        q.delete()
-        q.delete()
+        q.delete_queue()
+        q.delete_queue()
 
 
 # ------------------------------------------------------- errors, classified
@@ -641,4 +641,4 @@ def test_max_connections_keeps_every_connection_of_many_threads(
             for thread in threads:
                 thread.join()
         assert "Connection pool is full" not in caplog.text
-        q.delete()
+        q.delete_queue()

@@ -24,7 +24,7 @@ def queue(azurite: Azurite):  # type: ignore[no-untyped-def]
         create=True,
     )
     yield q
-    q.delete()
+    q.delete_queue()
     q.close()
 
 

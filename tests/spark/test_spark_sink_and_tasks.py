@@ -56,7 +56,7 @@ def test_write_string_body_to_sqs_and_creates_the_queue(spark: Any, moto_server:
     try:
         bodies = sorted(m.body for m in _drain(queue))
     finally:
-        queue.delete()
+        queue.delete_queue()
         queue.close()
     assert bodies == sorted(f"row-{i}".encode() for i in range(25))
 

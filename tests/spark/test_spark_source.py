@@ -187,7 +187,7 @@ def test_stream_from_aws_sqs_completes_everything(
             query.stop()
         assert sorted(seen) == sorted(ids)
     finally:
-        queue.delete()
+        queue.delete_queue()
         queue.close()
 
 

@@ -1,0 +1,198 @@
+"""Checking a Queue call's arguments against the backend's capabilities, before any call.
+
+Each function takes a backend's :class:`~leasekit.Capabilities` (and its scheme,
+for the message) with the caller's value, and returns the value as the backend
+will use it (a duration rounded up to its resolution, a body as ``bytes``), or
+raises the typed error DESIGN.md promises for bad input:
+:class:`~leasekit.InvalidArgument`, :class:`~leasekit.InvalidLeaseDuration`,
+:class:`~leasekit.MessageTooLarge` or :class:`~leasekit.UnsupportedOperation`.
+Nothing here calls a backend.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from . import errors
+from .capabilities import Capabilities
+from .options import check_text, is_number
+from .spi import OutgoingMessage
+
+if TYPE_CHECKING:
+    from .lease import Lease
+
+__all__ = [
+    "MAX_REASON",
+    "abandon_delay",
+    "dead_letter_reason",
+    "lease_duration",
+    "outgoing",
+    "past_total_cap",
+    "timeout",
+    "wait",
+]
+
+#: Longest reason kept on a dead-lettered message (Service Bus allows 4096).
+MAX_REASON = 4096
+
+
+def lease_duration(caps: Capabilities, scheme: str, duration: object) -> float:
+    """``duration`` as the backend will use it: within its range, rounded up to its resolution.
+
+    Raises:
+        InvalidLeaseDuration: not a finite number, not the fixed lease, or out of range.
+    """
+    if not is_number(duration) or not math.isfinite(duration):  # type: ignore[arg-type]
+        raise errors.InvalidLeaseDuration(
+            f"lease duration must be a finite number of seconds, got {duration!r}"
+        )
+    value = float(duration)  # type: ignore[arg-type]
+    if caps.fixed_lease is not None and value != caps.fixed_lease:
+        raise errors.InvalidLeaseDuration(
+            f"{scheme} locks a message for exactly {caps.fixed_lease:g} s "
+            f"(a property of the queue), got {value:g} s; hold it longer with "
+            "leasekit.LeaseKeeper, which renews in steps"
+        )
+    if not caps.min_lease <= value <= caps.max_lease:
+        raise errors.InvalidLeaseDuration(
+            f"{scheme} holds a lease for {caps.min_lease:g} to "
+            f"{caps.max_lease:g} s, got {value:g} s"
+        )
+    resolution = caps.lease_resolution
+    steps = math.ceil(value / resolution - 1e-9)
+    return min(steps * resolution, caps.max_lease)
+
+
+def past_total_cap(
+    caps: Capabilities, scheme: str, lease: Lease, seconds: float
+) -> errors.InvalidLeaseDuration | None:
+    """The error for renewing ``lease`` by ``seconds`` past the backend's total cap (SQS)."""
+    cap = caps.max_total_lease
+    if cap is None:
+        return None
+    held = time.monotonic() - lease.received_at
+    if held + seconds <= cap:
+        return None
+    return errors.InvalidLeaseDuration(
+        f"{scheme} keeps a message invisible for at most {cap:g} s "
+        f"in total since it was received; this lease has had {held:.0f} s, "
+        f"so {seconds:g} s more is refused"
+    )
+
+
+def timeout(value: object, what: str = "timeout") -> float | None:
+    """``value`` as a number of seconds > 0, or ``None`` if it is ``None``."""
+    if value is None:
+        return None
+    if not is_number(value) or not math.isfinite(value) or value <= 0:  # type: ignore[operator, arg-type]
+        raise errors.InvalidArgument(f"{what} must be a number of seconds > 0, got {value!r}")
+    return float(value)  # type: ignore[arg-type]
+
+
+def wait(value: object) -> float:
+    """``value`` as a number of seconds >= 0 (a long poll's wait)."""
+    if not is_number(value) or not math.isfinite(value) or value < 0:  # type: ignore[operator, arg-type]
+        raise errors.InvalidArgument(f"wait must be a number of seconds >= 0, got {value!r}")
+    return float(value)  # type: ignore[arg-type]
+
+
+def abandon_delay(caps: Capabilities, scheme: str, delay: object) -> float:
+    """An abandon's ``delay`` as the backend will use it: rounded up, at least its minimum.
+
+    Raises:
+        InvalidArgument: not a number of seconds >= 0, or longer than the backend allows.
+        UnsupportedOperation: a delay on a backend that cannot delay an abandon.
+    """
+    if not is_number(delay) or not math.isfinite(delay) or delay < 0:  # type: ignore[operator, arg-type]
+        raise errors.InvalidArgument(f"delay must be a number of seconds >= 0, got {delay!r}")
+    value = float(delay)  # type: ignore[arg-type]
+    limit = caps.max_abandon_delay
+    if value > 0 and limit <= 0:
+        raise errors.UnsupportedOperation(
+            f"{scheme} cannot delay an abandoned message; abandon with delay=0"
+        )
+    if value > limit:
+        raise errors.InvalidArgument(
+            f"{scheme} delays an abandoned message by at most {limit:g} s, got {value:g} s"
+        )
+    if value > 0:
+        value = math.ceil(value / caps.lease_resolution - 1e-9) * caps.lease_resolution
+    return max(value, caps.min_abandon_delay)
+
+
+def dead_letter_reason(reason: object) -> str:
+    """``reason`` as a non-empty str, cut to :data:`MAX_REASON` characters."""
+    if not isinstance(reason, str) or not reason.strip():
+        raise errors.InvalidArgument(
+            f"a dead-letter reason must be a non-empty str, got {reason!r}"
+        )
+    return check_text(reason, "a dead-letter reason")[:MAX_REASON]
+
+
+def outgoing(
+    caps: Capabilities,
+    scheme: str,
+    body: object,
+    delay: object,
+    ttl: object,
+    properties: Mapping[str, str] | None,
+) -> OutgoingMessage:
+    """The message to send, checked against ``caps`` (the driver's own checks come after).
+
+    Raises:
+        InvalidArgument: a non-bytes body, or a bad delay, ttl or properties.
+        MessageTooLarge: the body is over ``max_message_size``.
+        UnsupportedOperation: a delay, ttl or properties the backend cannot carry.
+    """
+    if isinstance(body, str):
+        raise errors.InvalidArgument(
+            "a message body must be bytes, got str; encode it first, e.g. body.encode()"
+        )
+    if not isinstance(body, bytes | bytearray | memoryview):
+        raise errors.InvalidArgument(f"a message body must be bytes, got {type(body).__name__}")
+    data = bytes(body)
+    if len(data) > caps.max_message_size:
+        raise errors.MessageTooLarge(
+            f"{scheme} accepts bodies of at most {caps.max_message_size} bytes, got {len(data)}"
+        )
+    if not is_number(delay) or not math.isfinite(delay) or delay < 0:  # type: ignore[operator, arg-type]
+        raise errors.InvalidArgument(f"delay must be a number of seconds >= 0, got {delay!r}")
+    delay_s = float(delay)  # type: ignore[arg-type]
+    if delay_s > 0 and caps.max_send_delay <= 0:
+        raise errors.UnsupportedOperation(f"{scheme} cannot delay a sent message")
+    if delay_s > caps.max_send_delay:
+        raise errors.InvalidArgument(
+            f"{scheme} delays a message by at most {caps.max_send_delay:g} s, got {delay_s:g}"
+        )
+    ttl_s: float | None = None
+    if ttl is not None:
+        if not is_number(ttl) or not math.isfinite(ttl) or ttl <= 0:  # type: ignore[operator, arg-type]
+            raise errors.InvalidArgument(f"ttl must be a number of seconds > 0, got {ttl!r}")
+        ttl_s = float(ttl)  # type: ignore[arg-type]
+        if caps.max_ttl is None:
+            raise errors.UnsupportedOperation(f"{scheme} cannot set a time-to-live per message")
+        if ttl_s > caps.max_ttl:
+            raise errors.InvalidArgument(
+                f"{scheme} keeps a message for at most {caps.max_ttl:g} s, got ttl={ttl_s:g}"
+            )
+    if ttl_s is not None and delay_s >= ttl_s:
+        raise errors.InvalidArgument(
+            f"delay ({delay_s:g} s) must be shorter than ttl ({ttl_s:g} s): the message "
+            "would expire before it becomes visible"
+        )
+    props: dict[str, str] = {}
+    if properties is not None and not isinstance(properties, Mapping):
+        raise errors.InvalidArgument("properties must be a mapping of str to str")
+    if properties:
+        if not caps.supports_properties:
+            raise errors.UnsupportedOperation(f"{scheme} cannot carry message properties")
+        for key, value in properties.items():
+            if not isinstance(key, str) or not isinstance(value, str) or not key:
+                raise errors.InvalidArgument(
+                    f"properties must map non-empty str to str, got {key!r}: {value!r}"
+                )
+            props[check_text(key, "a property name")] = check_text(value, "a property value")
+    return OutgoingMessage(body=data, delay=delay_s, ttl=ttl_s, properties=props)

@@ -1,0 +1,448 @@
+"""Renewing and settling leases in backend-sized batches: the engine behind every lease operation.
+
+:class:`LeaseOperations` is the one place that acts on held leases for a
+:class:`~leasekit.Queue`: it takes each lease from its
+:class:`~leasekit.lease_record.LeaseRecord` (the only writer of a lease's
+state), splits the receipts into the batches the backend allows, makes each
+backend call under a deadline holding no lock, and reports each outcome back
+to the record. The queue checks the arguments first and hands over only
+leases of its own.
+
+Deadlines: a renewal never outlives the lease it renews (its call's deadline is
+the least time left on the leases of its batch). A settle call runs all its
+batches under one deadline (its ``timeout``, or the least time left on its
+leases, at least :data:`MIN_SETTLE_TIMEOUT`), as does a renewal given a
+``timeout``; a batch reached after that deadline passed gets no call.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+
+from . import errors
+from .deadline import deadline, time_left
+from .events import Events
+from .lease_record import RENEW, SETTLE
+from .message import LeaseState
+from .spi import Visibility
+
+if TYPE_CHECKING:
+    from .lease import Lease
+    from .queue import Queue
+
+__all__ = ["MIN_SETTLE_TIMEOUT", "LeaseOperations", "SettleSpec"]
+
+T = TypeVar("T")
+
+#: Least time a settle call gets even when the lease's time is (nearly) up: a
+#: receipt past its expiry may still be honoured, and settling late harms nobody.
+MIN_SETTLE_TIMEOUT = 1.0
+
+#: The events of a renewal made without them (no plugin observes these).
+_QUIET = Events()
+#: One lease taken for an operation: its position in the caller's list, the
+#: lease, and the receipt to use.
+_Taken = tuple[int, "Lease", str]
+#: What one lease operation returns per lease: ``None`` when done, else the error.
+_Results = list[errors.LeaseError | errors.LeaseStateError | None]
+
+
+class SettleSpec(NamedTuple):
+    """How one kind of settle is done: which backend call, in what batches, reported how.
+
+    A named tuple (not a dataclass): one is made per ``complete_many`` or
+    ``abandon_many`` call, and a Consumer makes one per batch it completes.
+
+    Parameters
+    ----------
+        action: the word for it in errors and the settle events (``"complete"``, ``"abandon"``).
+        state: the state a settled lease is left in.
+        batch: most receipts one backend call takes.
+        call: the driver call for one batch of receipts; one result per receipt.
+        hook: the lease event emitted for each settled lease (``leasekit_lease_completed``).
+        hook_kwargs: more arguments for ``hook`` (an abandon's ``delay``).
+    """
+
+    action: str
+    state: LeaseState
+    batch: int
+    call: Callable[[list[str]], list[BaseException | None]]
+    hook: str
+    hook_kwargs: Mapping[str, Any] = MappingProxyType({})
+
+
+class LeaseOperations:
+    """Renew, settle and dead-letter the held leases of one queue, batched where the backend can.
+
+    Parameters
+    ----------
+        queue: the queue whose leases these are (its driver, events and call plumbing).
+    """
+
+    __slots__ = ("_queue",)
+
+    def __init__(self, queue: Queue) -> None:
+        self._queue = queue
+
+    # ---------------------------------------------------------------- settle
+
+    def settle(self, leases: Sequence[Lease], spec: SettleSpec, limit: float | None) -> _Results:
+        """Settle held leases in backend-sized batches under one deadline; one result each.
+
+        ``limit`` is the caller's timeout for the whole call (see
+        :meth:`leasekit.Queue.complete_many`); results as that method gives.
+        """
+        queue = self._queue
+        results: list[Any] = [None] * len(leases)
+        done: list[Lease] = []
+        with queue.events.bracket(
+            "settle",
+            lambda error: {
+                "queue": queue,
+                "leases": leases,
+                "action": spec.action,
+                "results": _reported(leases, results, {id(lease) for lease in done}, error),
+            },
+            queue=queue,
+            leases=leases,
+            action=spec.action,
+        ):
+            try:
+                self._settle_batches(leases, spec, limit, results, done)
+            finally:
+                if done and queue.events.observed(spec.hook):
+                    for lease in done:
+                        queue.events.emit(spec.hook, lease=lease, **spec.hook_kwargs)
+        return results
+
+    def _settle_batches(
+        self,
+        leases: Sequence[Lease],
+        spec: SettleSpec,
+        limit: float | None,
+        results: list[Any],
+        done: list[Lease],
+    ) -> None:
+        """The work of :meth:`settle`: results to ``results``, settled leases to ``done``."""
+        action, size = spec.action, spec.batch
+        taken, repeats = self._take(leases, SETTLE, action, results)
+        chunks = [taken[start : start + size] for start in range(0, len(taken), size)]
+        held = [lease for _, lease, _ in taken]
+        whole = self.lease_timeout(held, limit, settle=True) if held else None
+        with deadline(whole):  # one for the whole call: each chunk gets what is left
+            for position, chunk in enumerate(chunks):
+                if self._out_of_time(action, chunks, position, results):
+                    break
+                receipts = [receipt for _, _, receipt in chunk]
+                outcome = self._batch_call(
+                    action, partial(spec.call, receipts), None, chunks, position
+                )
+                for (i, lease, _), result in zip(chunk, outcome, strict=True):
+                    if result is None:
+                        lease._record.settled(spec.state)
+                        done.append(lease)
+                        continue
+                    failure = self._queue._entry_error(result, action)
+                    lease._record.failed(failure)
+                    results[i] = failure
+        _copy_repeats(results, repeats)
+
+    def dead_letter(
+        self,
+        lease: Lease,
+        reason: str,
+        limit: float | None,
+        move: Callable[[Lease, str, str], None],
+    ) -> None:
+        """Dead-letter ``lease`` by ``move(lease, receipt, reason)``; raise its error.
+
+        The lease is taken for the call and reported settled, or failed (a
+        :class:`LeaseLost` marks it lost); the call runs under the lease's
+        settle deadline, within ``limit``.
+        """
+        queue = self._queue
+        with queue.events.bracket(
+            "settle",
+            lambda error: {
+                "queue": queue,
+                "leases": [lease],
+                "action": "dead_letter",
+                "results": [error],
+            },
+            queue=queue,
+            leases=[lease],
+            action="dead_letter",
+        ):
+            record = lease._record
+            taken = record.take(SETTLE, "dead_letter", lease.message.id)
+            if isinstance(taken, BaseException):
+                raise taken
+            try:
+                with deadline(self.lease_timeout([lease], limit, settle=True)):
+                    move(lease, taken, reason)
+            except errors.LeaseError as exc:
+                record.failed(exc)
+                raise
+            except BaseException:
+                record.release()
+                raise
+            record.settled(LeaseState.DEAD_LETTERED)
+            queue.events.emit("leasekit_lease_dead_lettered", lease=lease, reason=reason)
+
+    # ----------------------------------------------------------------- renew
+
+    def renew(
+        self,
+        leases: Sequence[Lease],
+        seconds: Sequence[float],
+        timeout: float | None = None,
+        *,
+        event: bool = True,
+        raise_whole: bool = True,
+        lateness: Sequence[float] | None = None,
+    ) -> _Results:
+        """Renew leases for their ``seconds``, batched where the backend can; one result each.
+
+        ``None``: renewed; otherwise the leasekit error for that lease (a
+        :class:`LeaseLost` has marked it lost). A call that fails as a whole
+        raises (see :meth:`_batch_call`).
+
+        A renewal never outlives the lease it renews: its deadline is the least
+        time left on the leases of its batch, and a lease whose time is up is
+        not renewed (where the backend detects stale receipts it is asked anyway,
+        for a receipt it may still honour). On a backend that cannot detect stale
+        receipts, a renewal that returns after the lease ended counts as lost.
+        A ``timeout`` bounds the whole call besides (see
+        :meth:`leasekit.Queue.renew_many`). ``seconds`` must already be
+        validated. With ``event`` the ``before_``/``after_renew`` pair and each
+        ``leasekit_lease_renewed`` are emitted (the latter with the lease's
+        ``lateness``, when given, by position).
+        """
+        queue = self._queue
+        events = queue.events if event else _QUIET
+        results: list[Any] = [None] * len(leases)
+        renewed: list[int] = []  # positions
+        with events.bracket(
+            "renew",
+            lambda error: {
+                "queue": queue,
+                "leases": leases,
+                "results": _reported(leases, results, {id(leases[i]) for i in renewed}, error),
+            },
+            queue=queue,
+            leases=leases,
+        ):
+            try:
+                self._renew_batches(leases, seconds, timeout, raise_whole, results, renewed)
+            finally:
+                if renewed and events.observed("leasekit_lease_renewed"):
+                    for i in renewed:
+                        events.emit(
+                            "leasekit_lease_renewed",
+                            lease=leases[i],
+                            lateness=None if lateness is None else lateness[i],
+                        )
+        return results
+
+    def _renew_batches(
+        self,
+        leases: Sequence[Lease],
+        seconds: Sequence[float],
+        timeout: float | None,
+        raise_whole: bool,
+        results: list[Any],
+        renewed: list[int],
+    ) -> None:
+        """The work of :meth:`renew`: results to ``results``, renewed positions to ``renewed``."""
+        queue = self._queue
+        taken, repeats = self._take(leases, RENEW, "renew", results)
+        caps = queue.capabilities
+        late_is_lost = not caps.detects_stale_receipts
+        if late_is_lost:
+            taken = self._drop_expired(taken, results)
+        groups: dict[float, list[_Taken]] = {}
+        for item in taken:
+            groups.setdefault(seconds[item[0]], []).append(item)
+        size = caps.max_renew_batch
+        plan = [
+            (physical, group[start : start + size])
+            for physical, group in groups.items()
+            for start in range(0, len(group), size)
+        ]
+        chunks = [chunk for _, chunk in plan]
+        # A timeout given bounds the whole call; without one (the keeper's way) each
+        # chunk's deadline is its own leases' time left, so one hung chunk fails no other.
+        with deadline(timeout):
+            for position, (physical, chunk) in enumerate(plan):
+                if timeout is not None and self._out_of_time("renew", chunks, position, results):
+                    break
+                receipts = [receipt for _, _, receipt in chunk]
+                left = self.lease_timeout([lz for _, lz, _ in chunk], timeout, settle=False)
+                started = time.monotonic()
+                outcome = self._batch_call(
+                    "renew",
+                    partial(queue.driver.change_visibility, receipts, physical),
+                    left,
+                    chunks,
+                    position,
+                    raise_whole=raise_whole,
+                )
+                for (i, lease, _), result in zip(chunk, outcome, strict=True):
+                    if isinstance(result, Visibility):
+                        lost = lease._record.renewed(
+                            result.receipt,
+                            result.visible_until,
+                            physical,
+                            started,
+                            late_is_lost=late_is_lost,
+                        )
+                        if lost is None:
+                            renewed.append(i)
+                        results[i] = lost
+                        continue
+                    failure = queue._entry_error(result, "renew")
+                    lease._record.failed(failure)
+                    results[i] = failure
+        _copy_repeats(results, repeats)
+
+    def _drop_expired(self, taken: list[_Taken], results: list[Any]) -> list[_Taken]:
+        """Leases whose time is up are lost, not renewed (stale receipts cannot be told here)."""
+        alive = []
+        for item in taken:
+            i, lease, _ = item
+            record = lease._record
+            if record.time_left() > 0:
+                alive.append(item)
+                continue
+            record.release()
+            error = record.expire()
+            results[i] = error or record.unusable("renew", lease.message.id)
+        return alive
+
+    # ------------------------------------------------------------- machinery
+
+    def lease_timeout(self, leases: Sequence[Lease], limit: float | None, *, settle: bool) -> float:
+        """The deadline for a call on ``leases``: the least time left on them, within bounds.
+
+        A settle gets at least ``MIN_SETTLE_TIMEOUT`` (a receipt past its expiry
+        may still be honoured, and settling late harms nobody); a renewal gets
+        what is left, so it never outlives the lease it renews.
+        """
+        left = min(lease._record.deadline for lease in leases) - time.monotonic()
+        if settle or left <= 0:  # a renewal past the deadline: where stale receipts are refused
+            left = max(left, MIN_SETTLE_TIMEOUT)
+        return min(left, self._queue.call_timeout if limit is None else limit)
+
+    @staticmethod
+    def _take(
+        leases: Sequence[Lease], operation: str, action: str, results: list[Any]
+    ) -> tuple[list[_Taken], list[tuple[int, int]]]:
+        """Take each lease for ``operation``; the errors of those that cannot go to ``results``.
+
+        A lease busy with another operation is waited for, at most until its
+        time is up. Takes go in a fixed order (by ``id``), so two callers taking
+        overlapping lists cannot wait for each other. A lease given twice is
+        taken once: the second list pairs each later position with its first,
+        whose result it gets (see :func:`_copy_repeats`).
+        """
+        order = sorted(range(len(leases)), key=lambda i: id(leases[i]))
+        taken: list[_Taken] = []
+        seen: dict[int, int] = {}
+        repeats: list[tuple[int, int]] = []
+        for i in order:
+            lease = leases[i]
+            first = seen.setdefault(id(lease), i)
+            if first != i:
+                repeats.append((i, first))
+                continue
+            outcome = lease._record.take(operation, action, lease.message.id)
+            if isinstance(outcome, str):
+                taken.append((i, lease, outcome))
+            else:
+                results[i] = outcome
+        taken.sort(key=lambda item: item[0])
+        return taken, repeats
+
+    def _batch_call(
+        self,
+        action: str,
+        fn: Callable[[], list[T]],
+        timeout: float | None,
+        chunks: list[list[_Taken]],
+        position: int,
+        *,
+        raise_whole: bool = True,
+    ) -> list[T | BaseException]:
+        """One backend call for ``chunks[position]``, under ``timeout`` (``None``: the enclosing).
+
+        A call that fails as a whole (the queue is gone, the backend is out of
+        reach) raises its leasekit error, after the leases of this chunk are
+        given back as failed and those of later chunks unchanged; without
+        ``raise_whole`` the error is each lease's result instead, and the next
+        chunk is tried. What failed for one entry only is that entry's result.
+        """
+        chunk = chunks[position]
+        try:
+            with deadline(timeout):
+                return list(self._queue._call(action, fn))
+        except errors.LeaseError as exc:
+            if not raise_whole:
+                return [exc] * len(chunk)
+            for _, lease, _ in chunk:
+                lease._record.failed(exc)
+            _release_chunks(chunks[position + 1 :])
+            raise
+        except BaseException:
+            _release_chunks(chunks[position:])
+            raise
+
+    def _out_of_time(
+        self, action: str, chunks: list[list[_Taken]], position: int, results: list[Any]
+    ) -> bool:
+        """Whether the call's deadline passed before ``chunks[position]`` was sent.
+
+        If it did, each lease of that chunk and the later ones gets a
+        :class:`BackendUnavailable` result without a backend call, and is given
+        back unchanged: still held, so a caller may try again.
+        """
+        left = time_left()
+        if left is None or left > 0:
+            return False
+        error = errors.BackendUnavailable(
+            f"{action} on {self._queue.name!r}: the call's timeout passed before this lease's "
+            "batch was sent (nothing was asked of the backend; the lease is still held)"
+        )
+        for chunk in chunks[position:]:
+            for i, lease, _ in chunk:
+                lease._record.release()
+                results[i] = error
+        return True
+
+
+def _release_chunks(chunks: list[list[_Taken]]) -> None:
+    """Give the leases of ``chunks`` back unchanged (no call was made for them)."""
+    for chunk in chunks:
+        for _, lease, _ in chunk:
+            lease._record.release()
+
+
+def _copy_repeats(results: list[Any], repeats: list[tuple[int, int]]) -> None:
+    """Give each repeated lease's later position the result of its first one."""
+    for later, first in repeats:
+        results[later] = results[first]
+
+
+def _reported(
+    leases: Sequence[Lease], results: list[Any], succeeded: set[int], error: BaseException | None
+) -> list[Any]:
+    """``results`` for an ``after_`` event: after a raise, ``error`` for what was not reached."""
+    if error is None:
+        return results
+    return [
+        error if result is None and id(lease) not in succeeded else result
+        for lease, result in zip(leases, results, strict=True)
+    ]
