@@ -145,6 +145,24 @@ PRESETS: dict[str, Preset] = {
             "Consumer (8) client CPU ms/msg": cell("leasekit.Consumer, concurrency 8", 3),
         },
     ),
+    "asyncio-loop": Preset(
+        "bench_asyncio.py",
+        ("loop", "--backend", "sqlite", "--messages", "3000", "--turns", "3"),
+        {
+            "async/sync loop (median of turns)": pattern(r"async/sync median ([\d.]+)"),
+            "sync loop msg/s": pattern(r"sync median ([\d,]+) msg/s"),
+            "async loop msg/s": pattern(r"async median ([\d,]+) msg/s"),
+        },
+    ),
+    "asyncio-consumers": Preset(
+        "bench_asyncio.py",
+        ("consumers", "--concurrency", "200", "--io", "0.05", "--turns", "2"),
+        {
+            "AsyncConsumer / Consumer": pattern(r"AsyncConsumer / Consumer throughput: ([\d.]+)"),
+            "AsyncConsumer msg/s": pattern(r"async: median ([\d,]+) msg/s"),
+            "Consumer (threads) msg/s": pattern(r"threads: median ([\d,]+) msg/s"),
+        },
+    ),
     "keeper": Preset(
         "bench_keeper.py",
         ("--leases", "100000", "--lease", "2", "--seconds", "60"),

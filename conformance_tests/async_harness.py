@@ -209,8 +209,8 @@ class BlockingQueue:
         self.loop.run(self.aqueue.create())
 
     def delete_queue(self) -> None:
-        """``await queue.delete()`` (``AsyncQueue``'s name for ``Queue.delete_queue``)."""
-        self.loop.run(self.aqueue.delete())
+        """``await queue.delete_queue()``."""
+        self.loop.run(self.aqueue.delete_queue())
 
     def close(self) -> None:
         """``await queue.close()``."""

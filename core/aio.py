@@ -43,6 +43,7 @@ import contextvars
 import logging
 import threading
 import time
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable, Mapping
 from datetime import datetime
 from functools import partial
@@ -50,7 +51,7 @@ from queue import SimpleQueue
 from types import TracebackType
 from typing import Any, TypeVar
 
-from . import errors
+from . import arguments, errors
 from .capabilities import Capabilities
 from .events import Events
 from .keeper import KeeperStats, LeaseKeeper
@@ -433,7 +434,7 @@ class AsyncQueue:
         ------
             QueueEmpty: ``wait`` passed with no message.
         """
-        until = None if wait is None else time.monotonic() + check_number(wait, "wait", minimum=0)
+        until = None if wait is None else time.monotonic() + arguments.wait(wait)
         while True:
             step = LEASE_ONE_STEP if until is None else max(0.0, until - time.monotonic())
             leases = await self.lease(1, duration=duration, wait=step)
@@ -490,9 +491,22 @@ class AsyncQueue:
         """Create the queue if it does not exist."""
         await self._run(self._queue.create)
 
+    async def delete_queue(self) -> None:
+        """Delete the queue and every message in it (see :meth:`leasekit.Queue.delete_queue`)."""
+        await self._run(self._queue.delete_queue)
+
     async def delete(self) -> None:
-        """Delete the queue and every message in it (see :meth:`leasekit.Queue.delete`)."""
-        await self._run(self._queue.delete)
+        """Deprecated alias of :meth:`delete_queue`: it deletes the whole queue, not a message.
+
+        Warns with a :class:`DeprecationWarning`; use :meth:`delete_queue`.
+        """
+        warnings.warn(
+            "AsyncQueue.delete() is deprecated: it deletes the whole queue; "
+            "use AsyncQueue.delete_queue()",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        await self.delete_queue()
 
     async def close(self) -> None:
         """Release the backend's connections and the thread pool; idempotent.

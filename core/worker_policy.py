@@ -254,9 +254,7 @@ class WorkerSettings:
         if capabilities.fixed_lease is not None:
             return capabilities.fixed_lease
         wanted = self.duration_policy.current()
-        seconds: float = check_duration(
-            min(max(wanted, capabilities.min_lease), capabilities.max_lease)
-        )
+        seconds: float = check_duration(capabilities.clamp_lease(wanted))
         return seconds
 
 

@@ -361,3 +361,33 @@ def test_the_web_app_lifespan_pattern_of_the_docs(tmp_path: Path) -> None:
 
     _run(main)
     assert sorted(handled) == [b"a", b"b", b"c"]
+
+
+def test_delete_queue_and_its_deprecated_alias() -> None:
+    async def main() -> None:
+        name = f"memory://aio-delete-{time.monotonic_ns()}"
+        async with leasekit.aio.open(name, create=True) as queue:
+            await queue.delete_queue()
+            with pytest.raises(errors.QueueNotFound):
+                await queue.lease(1)
+            await queue.create()
+            with pytest.warns(DeprecationWarning, match=r"use AsyncQueue\.delete_queue\(\)"):
+                await queue.delete()
+            with pytest.raises(errors.QueueNotFound):
+                await queue.lease(1)
+
+    _run(main)
+
+
+def test_lease_one_refuses_a_bad_wait_with_the_sync_apis_words(tmp_path: Path) -> None:
+    async def main() -> None:
+        sync = leasekit.open(_url(tmp_path), create=True)
+        with pytest.raises(errors.InvalidArgument) as sync_error, sync.lease_one(wait=-1):
+            pass
+        async with leasekit.aio.AsyncQueue(sync) as queue:
+            with pytest.raises(errors.InvalidArgument) as async_error:
+                async with queue.lease_one(wait=-1):
+                    pass
+        assert str(async_error.value) == str(sync_error.value)
+
+    _run(main)
