@@ -63,6 +63,8 @@ T = TypeVar("T")
 
 #: Exit status for usage errors and bad input (click's own for usage errors).
 EXIT_USAGE = 2
+#: Most dead letters ``redrive`` counts ahead for its progress bar.
+MAX_LISTED = 100_000
 #: Exit status for a backend error (a missing queue, a refusal, an outage).
 EXIT_BACKEND = 1
 
@@ -199,6 +201,11 @@ def exit_code(exc: errors.LeaseError) -> int:
     """The CLI's exit status for ``exc``: 2 for bad input and setup, 1 for the backend's errors."""
     usage = errors.InvalidArgument | errors.BackendNotFound | errors.BackendNotInstalled
     return EXIT_USAGE if isinstance(exc, usage) else EXIT_BACKEND
+
+
+def _cut(text: str, width: int) -> str:
+    """``text`` at most ``width`` characters, an ellipsis marking a cut."""
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _show_body(body: bytes, limit: int = 200) -> str:
@@ -507,6 +514,90 @@ def stats(
             value = getattr(counts, state)
             table.add_row(state.replace("_", "-"), "unknown" if value is None else str(value))
         console.print(table)
+
+    _run(go)
+
+
+@app.command("dead-letters", cls=_Command)
+def dead_letters_command(
+    url: Annotated[str, typer.Argument(metavar="URL", help="Queue URL.")],
+    limit: Annotated[
+        int, typer.Option("--limit", metavar="N", min=1, help="Most dead letters to show.")
+    ] = 20,
+    option: OptionList = None,
+) -> None:
+    """List dead letters: age, reason, delivery count and the start of the body."""
+
+    def go() -> None:
+        with open_queue(url, **_parse_options(option)) as queue:
+            letters = queue.peek_dead_letters(limit)
+            name = queue.name
+        if not letters:
+            err_console.print(f"no dead letters in {name}", highlight=False)
+            return
+        table = Table(title=f"{len(letters)} dead letter(s) of {name}", title_justify="left")
+        # Cut the text to fit here: rich shrinks no_wrap columns to nothing otherwise.
+        reason_width = 24
+        body_width = max(console.width - reason_width - 24, 10)
+        table.add_column("age", justify="right", no_wrap=True, min_width=6)
+        table.add_column("#", justify="right", no_wrap=True, min_width=2)  # delivery count
+        table.add_column("reason", no_wrap=True)
+        table.add_column("body", no_wrap=True)
+        now = datetime.now(UTC)
+        for letter in letters:
+            age = (
+                _human_seconds(max((now - letter.enqueued_at).total_seconds(), 0.001))
+                if letter.enqueued_at is not None
+                else "?"
+            )
+            count = "?" if letter.delivery_count is None else str(letter.delivery_count)
+            body = _cut(_show_body(letter.body, limit=200).replace("\n", " "), body_width)
+            reason = _cut((letter.reason or "-").replace("\n", " "), reason_width)
+            table.add_row(age, count, Text(reason), Text(body))
+        console.print(table)
+
+    _run(go)
+
+
+@app.command(cls=_Command)
+def redrive(
+    url: Annotated[str, typer.Argument(metavar="URL", help="Queue URL.")],
+    limit: Annotated[
+        int | None,
+        typer.Option("--limit", metavar="N", min=1, help="Most dead letters to move."),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Count what would move; move nothing.")
+    ] = False,
+    option: OptionList = None,
+) -> None:
+    """Move dead letters back to their queue (none lost if interrupted)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from .redrive import redrive as move
+
+    def go() -> None:
+        with open_queue(url, **_parse_options(option)) as queue:
+            name = queue.name
+            waiting = len(queue.peek_dead_letters(limit or MAX_LISTED))
+            if dry_run:
+                console.print(
+                    f"would move {waiting:,} dead letter(s) back to {name} (dry run)",
+                    highlight=False,
+                )
+                return
+            start = time.monotonic()
+            columns = (TextColumn("moving"), BarColumn(), MofNCompleteColumn())
+            with Progress(*columns, console=err_console, transient=True) as bar:
+                task = bar.add_task("redrive", total=waiting or None)
+                moved = move(queue, limit, progress=lambda _letter: bar.advance(task))
+            left = len(queue.peek_dead_letters(1))
+        elapsed = time.monotonic() - start
+        console.print(
+            f"moved {moved:,} dead letter(s) back to {name} in {elapsed:.1f} s"
+            + ("; more are left" if left else ""),
+            highlight=False,
+        )
 
     _run(go)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -280,6 +281,8 @@ BAD_INPUT = {
     "watch": (["watch", "{url}", "--interval", "0"], 2, "--interval must be"),
     "conformance": (["conformance"], 2, "Missing argument 'URL'"),
     "demo": (["demo", "--messages", "0"], 2, "--messages"),
+    "dead-letters": (["dead-letters", "{missing}"], 1, "QueueNotFound"),
+    "redrive": (["redrive", "{url}", "--limit", "0"], 2, "--limit"),
     "spark-demo": (["spark-demo", "--batch", "many"], 2, "--batch"),
 }
 
@@ -390,3 +393,49 @@ def test_python_dash_m_leasekit_is_the_leasekit_script(queues: dict[str, str]) -
         assert by_module.returncode == by_script.returncode, args
         assert by_module.stdout == by_script.stdout
         assert by_module.stderr.replace("python -m leasekit", "leasekit") == by_script.stderr
+
+
+def _dead_lettered(url: str, bodies: list[str]) -> None:
+    import leasekit
+
+    with leasekit.open(url, create=True) as queue:
+        queue.send_many([b.encode() for b in bodies])
+        for lease in queue.lease(len(bodies)):
+            lease.dead_letter("handler raised ValueError: " + "why " * 30)
+
+
+def test_dead_letters_lists_age_reason_count_and_body_at_80_columns(url: str) -> None:
+    _dead_lettered(url, ["short", "long " * 40, "\u00e9t\u00e9"])
+    result = runner.invoke(app, ["dead-letters", url], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert "3 dead letter(s) of jobs" in lines[0]
+    header = next(line for line in lines if "reason" in line)
+    assert "age" in header and "#" in header and "body" in header
+    rows = [line for line in lines if line.startswith("│")]
+    assert len(rows) == 3
+    assert all("handler raised" in row and "…" in row for row in rows)  # reason cut to fit
+    assert any("short" in row for row in rows) and any("\u00e9t\u00e9" in row for row in rows)
+    assert all(re.search(r"│\s+[\d.]+ (ms|s)\s+│\s+1\s+│", row) for row in rows), rows
+
+
+def test_redrive_dry_run_moves_nothing_then_redrive_moves_with_a_summary(url: str) -> None:
+    _dead_lettered(url, ["a", "b", "c"])
+    dry = runner.invoke(app, ["redrive", url, "--dry-run"], env={"COLUMNS": "80"})
+    assert dry.exit_code == 0 and "would move 3 dead letter(s)" in dry.stdout
+    limited = runner.invoke(app, ["redrive", url, "--limit", "2"], env={"COLUMNS": "80"})
+    assert limited.exit_code == 0, limited.output
+    assert "moved 2 dead letter(s) back to jobs" in limited.stdout
+    assert "more are left" in limited.stdout
+    rest = runner.invoke(app, ["redrive", url], env={"COLUMNS": "80"})
+    assert "moved 1 dead letter(s)" in rest.stdout and "more are left" not in rest.stdout
+    leased = runner.invoke(app, ["lease", url, "--max", "10", "--json"])
+    bodies = sorted(
+        base64.b64decode(json.loads(line)["body_base64"])
+        for line in leased.stdout.splitlines()
+        if line.startswith("{")
+    )
+    assert bodies == [b"a", b"b", b"c"]
+    empty = runner.invoke(app, ["dead-letters", url])
+    assert empty.exit_code == 0 and "no dead letters" in empty.output
