@@ -211,3 +211,27 @@ def test_a_redrive_killed_midway_leaves_every_message_in_one_place_or_both(
             again += queue.redrive()
         assert again == len(dead)
         assert {lease.message.body for lease in _drain(queue, len(dead))} == set(dead)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "memory", "azure-service-bus"])
+def test_a_native_dead_letter_store_leases_renews_abandons_and_completes(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """What the re-drive relies on, on each native store (Service Bus: its $deadletterqueue)."""
+    queue = _open(backend, request, tmp_path)
+    try:
+        _dead_letter(queue, [b"dl"])
+        with Queue(queue.driver.dead_letter_store()) as store:
+            [first] = store.lease(wait=1)
+            assert first.message.body == b"dl"
+            assert first.message.properties["leasekit-dead-letter-reason"] == "bad: dl"
+            first.renew()
+            assert store.lease(wait=0) == []  # hidden while leased
+            first.abandon()
+            [again] = store.lease(wait=1)  # given back: visible at once
+            assert again.message.body == b"dl"
+            again.complete()
+        assert queue.peek_dead_letters(10) == []
+    finally:
+        queue.delete()
+        queue.close()
