@@ -964,9 +964,27 @@ class ServiceBusDriver(Driver):
                                 for k, v in _properties(message).items()
                                 if k not in _DEAD_LETTER_PROPERTIES
                             },
+                            enqueued_at=message.enqueued_time_utc,
                         )
                     )
         return letters[:limit]
+
+    def dead_letter_store(self) -> ServiceBusDeadLetters:
+        """The queue's ``$deadletterqueue`` sub-queue as a driver (PeekLock), for re-driving."""
+        options: dict[str, Any] = {
+            "lock_duration": self.lock_duration,
+            "max_message_size": self._max_message_size,
+            "max_wait": self.capabilities.max_wait,
+            "retry_total": self._retry_total,
+            "read_timeout": self._read_timeout,
+            "admin_port": self.admin_port,
+        }
+        if self._uses_connection_string:
+            options["connection_string"] = self._secret.value
+        else:
+            options["namespace"] = self.namespace
+            options["credential"] = self._secret.value
+        return ServiceBusDeadLetters(self.queue, **options)
 
     def stats(self) -> QueueStats:
         """The queue's runtime properties (``get_queue_runtime_properties``) as counts.
@@ -1112,3 +1130,58 @@ class ServiceBusDriver(Driver):
                 handler.close()
             except Exception:  # closing must not raise; the socket is gone either way
                 _log.debug("closing %r failed", type(handler).__name__, exc_info=True)
+
+
+class ServiceBusDeadLetters(ServiceBusDriver):
+    """A queue's dead-letter sub-queue (``<queue>/$deadletterqueue``) as a driver.
+
+    What :meth:`ServiceBusDriver.dead_letter_store` returns: a PeekLock receiver on
+    the sub-queue (Service Bus lets a dead letter be received, its lock renewed
+    and completed like any message; it cannot be sent to or dead-lettered again).
+    Each message carries its ``DeadLetterReason`` as leasekit's dead-letter marks.
+    """
+
+    def __repr__(self) -> str:
+        return f"<ServiceBusDeadLetters queue={self.queue!r} namespace={self.namespace!r}>"
+
+    def _get_receiver(self) -> Any:
+        with self._setup_lock:
+            receiver = self._receiver
+            if receiver is None:
+                from azure.servicebus import ServiceBusReceiveMode, ServiceBusSubQueue
+
+                receiver = self._get_client().get_queue_receiver(
+                    self.queue,
+                    sub_queue=ServiceBusSubQueue.DEAD_LETTER,
+                    receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
+                    prefetch_count=0,
+                    socket_timeout=SOCKET_TIMEOUT,
+                )
+                self._receiver = receiver
+        receiver.__enter__()
+        return receiver
+
+    def _raw(self, message: Any, token: str, locked_until: float) -> RawMessage:
+        import dataclasses
+
+        from leasekit.dead_letters import marked
+
+        raw = super()._raw(message, token, locked_until)
+        own = {k: v for k, v in raw.properties.items() if k not in _DEAD_LETTER_PROPERTIES}
+        reason = message.dead_letter_reason
+        return dataclasses.replace(
+            raw,
+            properties=marked(
+                own,
+                id=raw.id,
+                reason=str(reason) if reason is not None else None,
+                delivery_count=raw.delivery_count,
+            ),
+        )
+
+    def send(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
+        """Refused: Service Bus does not take messages sent to a dead-letter sub-queue."""
+        error = DriverError(
+            ErrorCode.UNSUPPORTED, "azure-service-bus: cannot send to a dead-letter sub-queue"
+        )
+        return [error for _ in messages]

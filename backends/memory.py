@@ -40,6 +40,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from leasekit import dead_letters as marks
 from leasekit.capabilities import Capabilities
 from leasekit.clock import Clock, SystemClock, to_datetime
 from leasekit.errors import InvalidURL
@@ -57,7 +58,7 @@ from leasekit.spi import (
     Visibility,
 )
 
-__all__ = ["MemoryBroker", "MemoryDriver"]
+__all__ = ["MemoryBroker", "MemoryDeadLetters", "MemoryDriver"]
 
 WEEK = 7 * 24 * 3600.0
 #: Per-call batch limit: large enough that batching pays, small enough that one
@@ -97,10 +98,19 @@ class _Record:
 
 
 @dataclass
+class _Dead:
+    """A dead letter, and its lease while a re-drive moves it (``receipt`` ``None``: free)."""
+
+    letter: DeadLetter
+    visible_at: float = 0.0
+    receipt: str | None = None
+
+
+@dataclass
 class _MemoryQueue:
     records: dict[str, _Record] = field(default_factory=dict)
     heap: list[tuple[float, int, str, int]] = field(default_factory=list)
-    dead: list[DeadLetter] = field(default_factory=list)
+    dead: list[_Dead] = field(default_factory=list)
 
     def push(self, rec: _Record) -> None:
         """File ``rec`` in the heap at its ``visible_at`` (superseding its older entry)."""
@@ -416,22 +426,27 @@ class MemoryDriver(Driver):
         """Move the leased message to this queue's dead-letter list."""
         with self.broker.cond:
             q = self._q()
-            rec = self._held(q, receipt, self._clock.time())
+            now = self._clock.time()
+            rec = self._held(q, receipt, now)
             del q.records[rec.id]
-            q.dead.append(
-                DeadLetter(
-                    id=rec.id,
-                    body=rec.body,
-                    reason=reason,
-                    delivery_count=rec.delivery_count,
-                    properties=dict(rec.properties),
-                )
+            letter = DeadLetter(
+                id=rec.id,
+                body=rec.body,
+                reason=reason,
+                delivery_count=rec.delivery_count,
+                properties=dict(rec.properties),
+                enqueued_at=to_datetime(now),
             )
+            q.dead.append(_Dead(letter))
 
     def dead_letters(self, limit: int) -> list[DeadLetter]:
         """The oldest ``limit`` dead letters."""
         with self.broker.cond:
-            return list(self._q().dead[:limit])
+            return [dead.letter for dead in self._q().dead[:limit]]
+
+    def dead_letter_store(self) -> MemoryDeadLetters:
+        """The dead letters of this queue, leased and deleted like messages (for re-driving)."""
+        return MemoryDeadLetters(self.queue, self.broker)
 
     def stats(self) -> QueueStats:
         """Counts by state."""
@@ -468,3 +483,101 @@ class MemoryDriver(Driver):
         with self.broker.cond:
             self.broker.queues.pop(self.queue, None)
             self.broker.cond.notify_all()
+
+
+class MemoryDeadLetters(MemoryDriver):
+    """The dead letters of one in-memory queue, as a driver: receive leases, delete removes.
+
+    What :meth:`MemoryDriver.dead_letter_store` returns. Sending is refused.
+    """
+
+    def __repr__(self) -> str:
+        return f"<MemoryDeadLetters {self.queue!r}>"
+
+    def send(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
+        """Refused: dead letters come from dead-lettering."""
+        return [_unsupported("send to a dead-letter store") for _ in messages]
+
+    def receive(self, max_messages: int, visibility: float, wait: float) -> list[RawMessage]:
+        """Lease up to ``max_messages`` free dead letters, oldest first (``wait`` is not used)."""
+        with self.broker.cond:
+            q = self._q()
+            now = self._clock.time()
+            out: list[RawMessage] = []
+            for dead in q.dead:
+                if len(out) >= max_messages:
+                    break
+                if dead.visible_at > now:
+                    continue
+                letter = dead.letter
+                dead.receipt = f"{letter.id}:{secrets.token_hex(8)}"
+                dead.visible_at = now + visibility
+                out.append(
+                    RawMessage(
+                        id=letter.id,
+                        body=letter.body,
+                        receipt=dead.receipt,
+                        delivery_count=1,
+                        enqueued_at=letter.enqueued_at or to_datetime(now),
+                        visible_until=to_datetime(dead.visible_at),
+                        properties=marks.marked(
+                            letter.properties,
+                            id=letter.id,
+                            reason=letter.reason,
+                            delivery_count=letter.delivery_count,
+                        ),
+                    )
+                )
+            return out
+
+    def _holding(self, q: _MemoryQueue, receipt: str) -> _Dead:
+        for dead in q.dead:
+            if dead.receipt == receipt:
+                return dead
+        raise _lost(f"dead-letter receipt {receipt!r} is stale or its dead letter is gone")
+
+    def change_visibility(
+        self, receipts: Sequence[str], seconds: float
+    ) -> list[Visibility | BaseException]:
+        """Hide each leased dead letter for ``seconds`` from now."""
+        results: list[Visibility | BaseException] = []
+        with self.broker.cond:
+            q = self._q()
+            now = self._clock.time()
+            for receipt in receipts:
+                try:
+                    dead = self._holding(q, receipt)
+                except DriverError as exc:
+                    results.append(exc)
+                    continue
+                dead.visible_at = now + seconds
+                if seconds <= 0:
+                    dead.receipt = None
+                results.append(Visibility(receipt, to_datetime(dead.visible_at)))
+        return results
+
+    def abandon(self, receipts: Sequence[str], delay: float) -> list[BaseException | None]:
+        """Give the leased dead letters back (their receipts stop working)."""
+        return [
+            result if isinstance(result, BaseException) else None
+            for result in self.change_visibility(receipts, delay)
+        ]
+
+    def delete(self, receipts: Sequence[str]) -> list[BaseException | None]:
+        """Remove the leased dead letters."""
+        results: list[BaseException | None] = []
+        with self.broker.cond:
+            q = self._q()
+            for receipt in receipts:
+                try:
+                    dead = self._holding(q, receipt)
+                except DriverError as exc:
+                    results.append(exc)
+                    continue
+                q.dead.remove(dead)
+                results.append(None)
+        return results
+
+
+def _unsupported(what: str) -> DriverError:
+    return DriverError(ErrorCode.UNSUPPORTED, f"memory: cannot {what}")

@@ -44,6 +44,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from leasekit import dead_letters as marks
 from leasekit.capabilities import Capabilities
 from leasekit.clock import Clock, SystemClock, to_datetime
 from leasekit.errors import InvalidURL
@@ -64,7 +65,7 @@ from leasekit.spi import (
 
 T = TypeVar("T")
 
-__all__ = ["SqliteDriver"]
+__all__ = ["SqliteDeadLetters", "SqliteDriver"]
 
 DAY = 24 * 3600.0
 #: Per-call batch limit: one receive or delete of this many is one transaction;
@@ -107,7 +108,9 @@ CREATE TABLE IF NOT EXISTS leasekit_dead_letters (
     enqueued_at REAL NOT NULL,
     delivery_count INTEGER NOT NULL,
     reason TEXT,
-    dead_lettered_at REAL NOT NULL
+    dead_lettered_at REAL NOT NULL,
+    visible_at REAL NOT NULL DEFAULT 0,
+    receipt TEXT
 );
 CREATE INDEX IF NOT EXISTS leasekit_dead_letters_queue ON leasekit_dead_letters (queue, seq);
 """
@@ -131,6 +134,25 @@ RETURNING seq, id, body, properties, enqueued_at, delivery_count, receipt
 """
 
 _HELD = "seq = ? AND receipt = ? AND queue = ? AND (expires_at IS NULL OR expires_at > ?)"
+
+#: The lease columns of ``leasekit_dead_letters`` (for re-driving), added to a
+#: file made before they existed.
+_DEAD_LETTER_LEASE_COLUMNS = {
+    "visible_at": "REAL NOT NULL DEFAULT 0",
+    "receipt": "TEXT",
+}
+
+#: Lease free dead letters, oldest first (a re-drive's receive).
+_RECEIVE_DEAD = """
+UPDATE leasekit_dead_letters
+SET visible_at = :until,
+    receipt = CAST(seq AS TEXT) || '.' || lower(hex(randomblob(8)))
+WHERE seq IN (
+    SELECT seq FROM leasekit_dead_letters
+    WHERE queue = :queue AND visible_at <= :now ORDER BY seq LIMIT :limit
+)
+RETURNING seq, id, body, properties, delivery_count, reason, dead_lettered_at, receipt
+"""
 
 
 @hookimpl
@@ -271,6 +293,7 @@ class SqliteDriver(Driver):
         conn.execute(f"PRAGMA synchronous={self._synchronous}")
         conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
         conn.executescript(SCHEMA)
+        _add_dead_letter_lease_columns(conn)
         self._conn = conn
         return conn
 
@@ -472,16 +495,31 @@ class SqliteDriver(Driver):
             conn = self._connection()
             self._exists(conn)
             rows = conn.execute(
-                "SELECT id, body, reason, delivery_count, properties FROM leasekit_dead_letters "
-                "WHERE queue = ? ORDER BY seq LIMIT ?",
+                "SELECT id, body, reason, delivery_count, properties, dead_lettered_at "
+                "FROM leasekit_dead_letters WHERE queue = ? ORDER BY seq LIMIT ?",
                 (self.queue, limit),
             ).fetchall()
         return [
             DeadLetter(
-                id=i, body=b, reason=r, delivery_count=c, properties=json.loads(p) if p else {}
+                id=i,
+                body=b,
+                reason=r,
+                delivery_count=c,
+                properties=json.loads(p) if p else {},
+                enqueued_at=to_datetime(at),
             )
-            for i, b, r, c, p in rows
+            for i, b, r, c, p, at in rows
         ]
+
+    def dead_letter_store(self) -> SqliteDeadLetters:
+        """The dead letters of this queue, leased and deleted like messages (for re-driving)."""
+        return SqliteDeadLetters(
+            queue=self.queue,
+            path=self.path,
+            clock=self._clock,
+            busy_timeout=self._busy_timeout,
+            synchronous=self._synchronous,
+        )
 
     def stats(self) -> QueueStats:
         """Counts by state, in one read."""
@@ -550,6 +588,128 @@ class SqliteDriver(Driver):
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+class SqliteDeadLetters(SqliteDriver):
+    """The dead letters of one SQLite queue, as a driver: receive leases, delete removes.
+
+    What :meth:`SqliteDriver.dead_letter_store` returns; the lease lives in the
+    dead-letter table's ``visible_at`` and ``receipt`` columns, so a re-drive in
+    another process never takes the same dead letter. Sending is refused.
+    """
+
+    def __repr__(self) -> str:
+        return f"<SqliteDeadLetters {self.path!r} queue={self.queue!r}>"
+
+    def send(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
+        """Refused: dead letters come from dead-lettering."""
+        error = DriverError(ErrorCode.UNSUPPORTED, "sqlite: cannot send to a dead-letter store")
+        return [error for _ in messages]
+
+    def receive(self, max_messages: int, visibility: float, wait: float) -> list[RawMessage]:
+        """Lease up to ``max_messages`` free dead letters, oldest first, in one transaction."""
+        with self._lock:
+            conn = self._connection()
+            now = self._clock.time()
+            with self._write(conn):
+                self._exists(conn)
+                rows = conn.execute(
+                    _RECEIVE_DEAD,
+                    {
+                        "until": now + visibility,
+                        "queue": self.queue,
+                        "now": now,
+                        "limit": max_messages,
+                    },
+                ).fetchall()
+        rows.sort(key=lambda row: row[0])
+        until = to_datetime(now + visibility)
+        return [
+            RawMessage(
+                id=message_id,
+                body=body,
+                receipt=receipt,
+                delivery_count=1,
+                enqueued_at=to_datetime(dead_lettered_at),
+                visible_until=until,
+                properties=marks.marked(
+                    json.loads(props) if props else {},
+                    id=message_id,
+                    reason=reason,
+                    delivery_count=count,
+                ),
+            )
+            for _, message_id, body, props, count, reason, dead_lettered_at, receipt in rows
+        ]
+
+    def change_visibility(
+        self, receipts: Sequence[str], seconds: float
+    ) -> list[Visibility | BaseException]:
+        """Hide each leased dead letter for ``seconds`` from now."""
+        until = self._clock.time() + seconds
+        return self._each_dead(
+            receipts,
+            "UPDATE leasekit_dead_letters SET visible_at = ? WHERE seq = ? AND receipt = ? "
+            "AND queue = ?",
+            (until,),
+            lambda receipt: Visibility(receipt, to_datetime(until)),
+        )
+
+    def abandon(self, receipts: Sequence[str], delay: float) -> list[BaseException | None]:
+        """Give the leased dead letters back; their receipts stop working."""
+        return self._each_dead(
+            receipts,
+            "UPDATE leasekit_dead_letters SET visible_at = ?, receipt = NULL WHERE seq = ? "
+            "AND receipt = ? AND queue = ?",
+            (self._clock.time() + delay,),
+            lambda receipt: None,
+        )
+
+    def delete(self, receipts: Sequence[str]) -> list[BaseException | None]:
+        """Remove the leased dead letters, in one transaction."""
+        return self._each_dead(
+            receipts,
+            "DELETE FROM leasekit_dead_letters WHERE seq = ? AND receipt = ? AND queue = ?",
+            (),
+            lambda receipt: None,
+        )
+
+    def _each_dead(
+        self,
+        receipts: Sequence[str],
+        statement: str,
+        first: tuple[float, ...],
+        ok: Callable[[str], T],
+    ) -> list[T | BaseException]:
+        results: list[T | BaseException] = []
+        with self._lock:
+            conn = self._connection()
+            with self._write(conn):
+                for receipt in receipts:
+                    cursor = conn.execute(
+                        statement, (*first, _seq_of(receipt), receipt, self.queue)
+                    )
+                    if cursor.rowcount == 1:
+                        results.append(ok(receipt))
+                    else:
+                        self._exists(conn)
+                        results.append(
+                            _lost(f"dead-letter receipt {receipt!r} is stale or it is gone")
+                        )
+        return results
+
+
+def _add_dead_letter_lease_columns(conn: sqlite3.Connection) -> None:
+    """Add the dead-letter lease columns to a file made before they existed (idempotent)."""
+    have = {row[1] for row in conn.execute("PRAGMA table_info(leasekit_dead_letters)")}
+    for name, declaration in _DEAD_LETTER_LEASE_COLUMNS.items():
+        if name in have:
+            continue
+        try:
+            conn.execute(f"ALTER TABLE leasekit_dead_letters ADD COLUMN {name} {declaration}")
+        except sqlite3.OperationalError as exc:  # another process added it first
+            if "duplicate column" not in str(exc).lower():
+                raise
 
 
 class _Transaction:

@@ -1,8 +1,20 @@
 """The ``leasekit`` command line: backends, send, lease, stats, consume, watch, conformance.
 
 Backend options (credentials, endpoints) are given with ``--option KEY=VALUE``
-(repeatable), never in the URL. Every leasekit error is printed as one line
-and exits with status 2 (bad input) or 1 (anything else).
+(repeatable), never in the URL. ``python -m leasekit`` is the same program.
+
+Errors and exit codes (one rule, documented in docs/cli.md): every error is one
+line on stderr, ``error: ...`` ending in a newline, with credentials redacted,
+and the exit status says whose the fault is:
+
+* **2** usage: a missing or malformed argument or option, a bad URL or option
+  value, a backend that is not installed (:class:`~leasekit.InvalidArgument`,
+  :class:`~leasekit.errors.BackendNotFound`,
+  :class:`~leasekit.errors.BackendNotInstalled`, a misused lease);
+* **1** the backend: the queue is missing, the service refused or failed
+  (every other :class:`~leasekit.LeaseError`), or a command's own verdict
+  (``watch --once`` whose sample failed, ``demo`` that lost a message);
+* **0** success (``demo`` also uses 3: its time limit came first).
 """
 
 from __future__ import annotations
@@ -27,9 +39,15 @@ from typing import Annotated, Any, TypeVar, cast
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
+
+try:  # newer typer carries its own copy of click, and raises that copy's exceptions
+    from typer._click.core import Context, Parameter
+    from typer._click.exceptions import ClickException, UsageError
+except ImportError:  # pragma: no cover - older typer runs on click itself
+    from click import ClickException, Context, Parameter, UsageError  # type: ignore
 
 from . import errors
 from .capabilities import COUNT_FIELDS, Capabilities
@@ -43,7 +61,93 @@ __all__ = ["app", "main"]
 
 T = TypeVar("T")
 
+#: Exit status for usage errors and bad input (click's own for usage errors).
+EXIT_USAGE = 2
+#: Most dead letters ``redrive`` counts ahead for its progress bar.
+MAX_LISTED = 100_000
+#: Exit status for a backend error (a missing queue, a refusal, an outage).
+EXIT_BACKEND = 1
+
+
+def _error(text: str) -> None:
+    """Print ``error: text`` as one line on stderr (credentials redacted, no wrapping)."""
+    line = " ".join(redact(text).split())  # one line, whatever the text held
+    typer.echo(f"error: {line}", err=True)
+
+
+class _Argument(TyperArgument):
+    """A positional argument shown as click shows it: ``URL``, ``[BODY]`` (not ``{URL}``)."""
+
+    def _usage_display_name(self) -> str:
+        name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+        return name + ("..." if self.nargs != 1 else "")
+
+
+class _Option(TyperOption):
+    """An option whose help shows no ``<bool>`` after a flag."""
+
+    def display_type_rich(self, ctx: Context) -> str | None:
+        if self.is_flag or self.count:
+            return None
+        return super().display_type_rich(ctx)
+
+
+def _plain(params: list[Parameter]) -> list[Parameter]:
+    """``params`` with typer's help decorations removed (see :class:`_Argument`, :class:`_Option`).
+
+    typer builds its own parameter objects; giving them these subclasses (which
+    add no state) changes only how help and usage show them.
+    """
+    for param in params:
+        if type(param) is TyperArgument:
+            param.__class__ = _Argument
+        elif type(param) is TyperOption:
+            param.__class__ = _Option
+    return params
+
+
+class _Command(TyperCommand):
+    """A command with plain help (see :func:`_plain`)."""
+
+    def get_params(self, ctx: Context) -> list[Parameter]:
+        return _plain(super().get_params(ctx))
+
+
+class _Group(TyperGroup):
+    """The ``leasekit`` group: plain help, and every usage error as one line (exit 2)."""
+
+    def get_params(self, ctx: Context) -> list[Parameter]:
+        return _plain(super().get_params(ctx))
+
+    def main(  # type: ignore[override]
+        self,
+        args: Any = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except ClickException as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # typer has shown the help
+                sys.exit(exc.exit_code)
+            where = ""
+            if isinstance(exc, UsageError) and exc.ctx is not None:
+                where = f" (see '{exc.ctx.command_path} --help')"
+            _error(exc.format_message() + where)
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            _error("aborted")
+            sys.exit(EXIT_BACKEND)
+        # Without standalone mode click returns an Exit's code, and a command's value.
+        sys.exit(result if isinstance(result, int) else 0)
+
+
 app = typer.Typer(
+    cls=_Group,
     name="leasekit",
     help="Safe, portable leased queue messages.",
     no_args_is_help=True,
@@ -59,12 +163,24 @@ OptionList = Annotated[
 ]
 
 
-def _parse_options(items: list[str] | None) -> dict[str, Any]:
+def _parse_options(items: list[str] | None, flag: str = "--option") -> dict[str, Any]:
+    """``KEY=VALUE`` items as a dict.
+
+    A malformed item is never echoed: it may be a credential with its ``=``
+    mistyped, and the error would put it into a log. Only its position is named.
+
+    Raises:
+        InvalidArgument: an item without ``=`` or with an empty key.
+    """
     options: dict[str, Any] = {}
-    for item in items or []:
+    for position, item in enumerate(items or [], start=1):
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise errors.InvalidArgument(f"--option takes KEY=VALUE, got {item!r}")
+            what = "has no '='" if not sep else "has no KEY before '='"
+            raise errors.InvalidArgument(
+                f"{flag} takes KEY=VALUE; {flag} number {position} {what} "
+                "(its text is not shown: it may hold a secret)"
+            )
         options[key] = value
     return options
 
@@ -74,15 +190,22 @@ def _run(fn: Callable[[], T]) -> T:
     try:
         return fn()
     except errors.LeaseError as exc:
-        err_console.print(
-            f"[bold red]error:[/] {type(exc).__name__}: {escape(redact(str(exc)))}",
-            highlight=False,
-        )
-        bad_input = isinstance(exc, errors.InvalidArgument | errors.BackendNotFound)
-        raise typer.Exit(2 if bad_input else 1) from None
+        _error(f"{type(exc).__name__}: {exc}")
+        raise typer.Exit(exit_code(exc)) from None
     except errors.LeaseStateError as exc:
-        err_console.print(f"[bold red]error:[/] {escape(redact(str(exc)))}", highlight=False)
-        raise typer.Exit(2) from None
+        _error(str(exc))
+        raise typer.Exit(EXIT_USAGE) from None
+
+
+def exit_code(exc: errors.LeaseError) -> int:
+    """The CLI's exit status for ``exc``: 2 for bad input and setup, 1 for the backend's errors."""
+    usage = errors.InvalidArgument | errors.BackendNotFound | errors.BackendNotInstalled
+    return EXIT_USAGE if isinstance(exc, usage) else EXIT_BACKEND
+
+
+def _cut(text: str, width: int) -> str:
+    """``text`` at most ``width`` characters, an ellipsis marking a cut."""
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _show_body(body: bytes, limit: int = 200) -> str:
@@ -95,7 +218,7 @@ def _show_body(body: bytes, limit: int = 200) -> str:
     return text[:limit] + ("…" if len(text) > limit else "")
 
 
-@app.command()
+@app.command(cls=_Command)
 def backends(
     url: Annotated[
         str | None,
@@ -243,7 +366,7 @@ def _human_bytes(size: int) -> str:
     return f"{size} B"
 
 
-@app.command()
+@app.command(cls=_Command)
 def send(
     url: Annotated[
         str, typer.Argument(metavar="URL", help="Queue URL, e.g. sqlite:///jobs.db?queue=jobs")
@@ -261,7 +384,9 @@ def send(
     ttl: Annotated[
         float | None, typer.Option(metavar="SECONDS", help="Time-to-live in seconds.")
     ] = None,
-    count: Annotated[int, typer.Option(metavar="N", help="Send the body this many times.")] = 1,
+    count: Annotated[
+        int, typer.Option(metavar="N", min=1, help="Send the body this many times.")
+    ] = 1,
     create: Annotated[bool, typer.Option(help="Create the queue if missing.")] = False,
     option: OptionList = None,
 ) -> None:
@@ -269,16 +394,38 @@ def send(
 
     def go() -> None:
         data = sys.stdin.buffer.read() if body in (None, "-") else (body or "").encode()
-        properties: dict[str, str] = _parse_options(prop)
+        properties: dict[str, str] = _parse_options(prop, "--property")
         with open_queue(url, create=create, **_parse_options(option)) as queue:
-            ids = queue.send_many([data] * count, delay=delay, ttl=ttl, properties=properties)
+            if count == 1:  # the error a single send meets is the one to report
+                ids = [queue.send(data, delay=delay, ttl=ttl, properties=properties)]
+            else:
+                ids = _send_many(queue, [data] * count, delay, ttl, properties)
         for message_id in ids:
             console.print(message_id, highlight=False)
 
     _run(go)
 
 
-@app.command()
+def _send_many(
+    queue: Any, bodies: list[bytes], delay: float, ttl: float | None, properties: dict[str, str]
+) -> list[str]:
+    """``send_many``; when nothing was sent, the error the sends met (not ``SendIncomplete``).
+
+    When some were sent, their ids are printed before the ``SendIncomplete`` error.
+    """
+    try:
+        ids: list[str] = queue.send_many(bodies, delay=delay, ttl=ttl, properties=properties)
+    except errors.SendIncomplete as exc:
+        if not exc.sent:
+            first = next(iter(exc.failed.values()))
+            raise first from first.__cause__
+        for message_id in exc.sent.values():
+            console.print(message_id, highlight=False)
+        raise
+    return ids
+
+
+@app.command(cls=_Command)
 def lease(
     url: Annotated[str, typer.Argument(metavar="URL", help="Queue URL.")],
     max_messages: Annotated[
@@ -298,8 +445,8 @@ def lease(
 ) -> None:
     """Lease messages, print them, then complete or abandon them."""
     if settle not in ("complete", "abandon", "keep"):
-        err_console.print("[bold red]error:[/] --settle must be complete, abandon or keep")
-        raise typer.Exit(2)
+        _error("--settle must be complete, abandon or keep")
+        raise typer.Exit(EXIT_USAGE)
 
     def go() -> None:
         with open_queue(url, **_parse_options(option)) as queue:
@@ -350,7 +497,7 @@ def lease(
     _run(go)
 
 
-@app.command()
+@app.command(cls=_Command)
 def stats(
     url: Annotated[str, typer.Argument(metavar="URL", help="Queue URL.")],
     option: OptionList = None,
@@ -371,7 +518,91 @@ def stats(
     _run(go)
 
 
-@app.command()
+@app.command("dead-letters", cls=_Command)
+def dead_letters_command(
+    url: Annotated[str, typer.Argument(metavar="URL", help="Queue URL.")],
+    limit: Annotated[
+        int, typer.Option("--limit", metavar="N", min=1, help="Most dead letters to show.")
+    ] = 20,
+    option: OptionList = None,
+) -> None:
+    """List dead letters: age, reason, delivery count and the start of the body."""
+
+    def go() -> None:
+        with open_queue(url, **_parse_options(option)) as queue:
+            letters = queue.peek_dead_letters(limit)
+            name = queue.name
+        if not letters:
+            err_console.print(f"no dead letters in {name}", highlight=False)
+            return
+        table = Table(title=f"{len(letters)} dead letter(s) of {name}", title_justify="left")
+        # Cut the text to fit here: rich shrinks no_wrap columns to nothing otherwise.
+        reason_width = 24
+        body_width = max(console.width - reason_width - 24, 10)
+        table.add_column("age", justify="right", no_wrap=True, min_width=6)
+        table.add_column("#", justify="right", no_wrap=True, min_width=2)  # delivery count
+        table.add_column("reason", no_wrap=True)
+        table.add_column("body", no_wrap=True)
+        now = datetime.now(UTC)
+        for letter in letters:
+            age = (
+                _human_seconds(max((now - letter.enqueued_at).total_seconds(), 0.001))
+                if letter.enqueued_at is not None
+                else "?"
+            )
+            count = "?" if letter.delivery_count is None else str(letter.delivery_count)
+            body = _cut(_show_body(letter.body, limit=200).replace("\n", " "), body_width)
+            reason = _cut((letter.reason or "-").replace("\n", " "), reason_width)
+            table.add_row(age, count, Text(reason), Text(body))
+        console.print(table)
+
+    _run(go)
+
+
+@app.command(cls=_Command)
+def redrive(
+    url: Annotated[str, typer.Argument(metavar="URL", help="Queue URL.")],
+    limit: Annotated[
+        int | None,
+        typer.Option("--limit", metavar="N", min=1, help="Most dead letters to move."),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Count what would move; move nothing.")
+    ] = False,
+    option: OptionList = None,
+) -> None:
+    """Move dead letters back to their queue (none lost if interrupted)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from .redrive import redrive as move
+
+    def go() -> None:
+        with open_queue(url, **_parse_options(option)) as queue:
+            name = queue.name
+            waiting = len(queue.peek_dead_letters(limit or MAX_LISTED))
+            if dry_run:
+                console.print(
+                    f"would move {waiting:,} dead letter(s) back to {name} (dry run)",
+                    highlight=False,
+                )
+                return
+            start = time.monotonic()
+            columns = (TextColumn("moving"), BarColumn(), MofNCompleteColumn())
+            with Progress(*columns, console=err_console, transient=True) as bar:
+                task = bar.add_task("redrive", total=waiting or None)
+                moved = move(queue, limit, progress=lambda _letter: bar.advance(task))
+            left = len(queue.peek_dead_letters(1))
+        elapsed = time.monotonic() - start
+        console.print(
+            f"moved {moved:,} dead letter(s) back to {name} in {elapsed:.1f} s"
+            + ("; more are left" if left else ""),
+            highlight=False,
+        )
+
+    _run(go)
+
+
+@app.command(cls=_Command)
 def consume(
     url: Annotated[str, typer.Argument(metavar="URL", help="Queue URL.")],
     handler: Annotated[
@@ -490,7 +721,7 @@ def _load_handler(spec: str) -> Callable[..., Any]:
     return cast(Callable[..., Any], target)
 
 
-@app.command()
+@app.command(cls=_Command)
 def watch(
     url: Annotated[str, typer.Argument(metavar="URL", help="Queue URL.")],
     metrics: Annotated[
@@ -512,13 +743,15 @@ def watch(
     """Watch a queue's counts and rates live, and a consumer's leases with --metrics."""
     from rich.live import Live
 
-    from .watch import WatchView, fetch_metrics, sample_queue
+    from .watch import WatchView, check_metrics_url, fetch_metrics, sample_queue
 
     if not (isinstance(interval, float | int) and 0.1 <= interval <= 3600):
-        err_console.print("[bold red]error:[/] --interval must be 0.1 to 3600 seconds")
-        raise typer.Exit(2)
+        _error("--interval must be 0.1 to 3600 seconds")
+        raise typer.Exit(EXIT_USAGE)
 
     def go() -> None:
+        if metrics is not None:
+            check_metrics_url(metrics)
         with open_queue(url, **_parse_options(option)) as queue:
             view = WatchView(
                 f"{queue.name} ({queue.driver.scheme})",
@@ -550,7 +783,7 @@ def watch(
     _run(go)
 
 
-@app.command()
+@app.command(cls=_Command)
 def conformance(
     url: Annotated[str, typer.Argument(metavar="URL", help="Backend URL or name to test.")],
     option: OptionList = None,
@@ -594,9 +827,10 @@ def conformance(
             argv.append("--leasekit-async")
         result = subprocess.run(argv, cwd=tmp, capture_output=not verbose, text=True, check=False)
         if not report.exists():
-            err_console.print(result.stdout or "", result.stderr or "", highlight=False)
-            err_console.print("[bold red]error:[/] the conformance suite did not run")
-            raise typer.Exit(2)
+            output = (result.stderr or "").strip() or (result.stdout or "").strip()
+            last = output.splitlines()[-1] if output else "no output"
+            _error(f"the conformance suite did not run ({last}); --verbose shows pytest's output")
+            raise typer.Exit(EXIT_USAGE)
         data = json.loads(report.read_text())
         _print_matrix(data)
         if json_out:
@@ -630,7 +864,7 @@ def _matrix_markdown(data: dict[str, Any]) -> str:
     return f"## Conformance: `{data['backend']}`\n\n" + render_markdown(data)
 
 
-@app.command()
+@app.command(cls=_Command)
 def demo(
     messages: Annotated[int, typer.Option(min=1, help="Messages to enqueue.")] = 3000,
     workers: Annotated[int, typer.Option(min=1, help="Worker processes at once.")] = 3,
@@ -693,7 +927,7 @@ def demo(
     raise typer.Exit(1)
 
 
-@app.command("spark-demo")
+@app.command("spark-demo", cls=_Command)
 def spark_demo(
     messages: Annotated[int, typer.Option(metavar="N", help="Sensor readings to send.")] = 2000,
     batch: Annotated[int, typer.Option(metavar="N", help="Messages per micro-batch.")] = 500,

@@ -31,6 +31,7 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Iterator, Mapping
+from datetime import datetime
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -49,10 +50,14 @@ __all__ = [
     "ORIGINAL_ID",
     "POISON_SUFFIX",
     "REASON",
+    "REDRIVEN_REASON",
     "SHORT_REASON",
     "DeadLetters",
     "copies",
+    "from_message",
+    "marked",
     "read",
+    "redriven",
     "with_total",
 ]
 
@@ -61,6 +66,8 @@ POISON_SUFFIX = "-poison"
 REASON = "leasekit-dead-letter-reason"
 ORIGINAL_ID = "leasekit-original-id"
 DELIVERY_COUNT = "leasekit-delivery-count"
+#: On a re-driven message: the reason it had been dead-lettered for.
+REDRIVEN_REASON = "leasekit-redriven-reason"
 #: Characters of the reason kept in a copy that did not fit with the whole reason.
 SHORT_REASON = 200
 _ELLIPSIS = "\u2026"
@@ -90,22 +97,50 @@ def copies(
     yield "without its reason", OutgoingMessage(message.body, properties=own)
 
 
+def marked(
+    properties: Mapping[str, str], *, id: str, reason: str | None, delivery_count: int | None
+) -> dict[str, str]:
+    """``properties`` with the dead-letter marks added: how a native store shows a dead letter.
+
+    For :meth:`leasekit.spi.Driver.dead_letter_store`, whose messages read back
+    (:func:`read`) as core's copies do.
+    """
+    marks = {**properties, ORIGINAL_ID: id}
+    if reason is not None:
+        marks[REASON] = reason
+    if delivery_count is not None:
+        marks[DELIVERY_COUNT] = str(delivery_count)
+    return marks
+
+
 def read(raw: RawMessage) -> DeadLetter:
     """A dead-letter copy read back: the original id, reason and count where the copy has them.
 
     A message another producer put on the queue reads with its own id and no
     reason or count.
     """
-    properties = dict(raw.properties)
-    reason = properties.pop(REASON, None)
-    original = properties.pop(ORIGINAL_ID, None)
-    count = properties.pop(DELIVERY_COUNT, None)
+    return _letter(raw.id, raw.body, raw.properties, raw.enqueued_at)
+
+
+def from_message(message: Message) -> DeadLetter:
+    """A leased dead-letter copy (or dead-letter store message) read back, as :func:`read`."""
+    return _letter(message.id, message.body, message.properties, message.enqueued_at)
+
+
+def _letter(
+    id: str, body: bytes, properties: Mapping[str, str], enqueued_at: datetime | None
+) -> DeadLetter:
+    own = dict(properties)
+    reason = own.pop(REASON, None)
+    original = own.pop(ORIGINAL_ID, None)
+    count = own.pop(DELIVERY_COUNT, None)
     return DeadLetter(
-        id=original or raw.id,
-        body=raw.body,
+        id=original or id,
+        body=body,
         reason=reason,
         delivery_count=int(count) if count is not None and count.isdigit() else None,
-        properties=properties,
+        properties=own,
+        enqueued_at=enqueued_at,
     )
 
 
@@ -244,6 +279,10 @@ class DeadLetters:
         named = self._named
         return named if isinstance(named, str) else None
 
+    def open_queue(self) -> Driver:
+        """A new driver on the queue dead letters are copied to; the caller closes it."""
+        return self._sibling(self.named_queue() or self._queue.name + POISON_SUFFIX)
+
     def _sibling(self, name: str) -> Driver:
         driver = self._queue.driver
         return self._queue._call("open the dead-letter queue", lambda: driver.sibling(name))
@@ -268,3 +307,19 @@ class DeadLetters:
         """Close the dead-letter queue's driver, if it was opened."""
         if self._target is not None:
             self._target.close()
+
+
+def redriven(letter: DeadLetter, *, properties: bool) -> Iterator[OutgoingMessage]:
+    """The messages to send back for ``letter``, largest first: with the reason, then without.
+
+    The reason goes in :data:`REDRIVEN_REASON` (a reason from an earlier
+    re-drive is replaced). ``properties``: whether the queue carries properties.
+    """
+    own: dict[str, str] = dict(letter.properties) if properties else {}
+    own.pop(REDRIVEN_REASON, None)
+    if properties:
+        reason = letter.reason or "unknown"
+        if len(reason) > SHORT_REASON:
+            reason = reason[: SHORT_REASON - 1] + _ELLIPSIS
+        yield OutgoingMessage(letter.body, properties={**own, REDRIVEN_REASON: reason})
+    yield OutgoingMessage(letter.body, properties=own)

@@ -18,6 +18,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import timedelta
 from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
@@ -487,6 +488,28 @@ class Queue:
             if self.capabilities.native_dead_letter:
                 return self._call("read dead letters", lambda: self._driver.dead_letters(limit))
             return self._dead_letters.peek(limit)
+
+    def redrive(
+        self,
+        limit: int | None = None,
+        *,
+        older_than: float | timedelta | None = None,
+        where: Callable[[DeadLetter], bool] | None = None,
+    ) -> int:
+        """Move up to ``limit`` dead letters back to this queue; return how many moved.
+
+        Each is leased in the dead-letter place, sent back (body, properties, and
+        the reason as ``leasekit-redriven-reason``), then completed there: an
+        interruption leaves every message in one place or both, never in neither.
+        ``older_than`` (seconds or a ``timedelta``) and ``where(letter)`` select
+        which. See :mod:`leasekit.redrive`.
+
+        Raises:
+            UnsupportedOperation: the backend cannot re-drive dead letters.
+        """
+        from .redrive import redrive
+
+        return redrive(self, limit, older_than=older_than, where=where)
 
     def create(self) -> None:
         """Create the queue if it does not exist."""

@@ -192,6 +192,9 @@ class DeadLetter:
     reason: str | None
     delivery_count: int | None
     properties: Mapping[str, str] = field(default_factory=dict)
+    #: When it reached the dead-letter place, where the backend tells (a copy's
+    #: enqueue time); ``None`` where it cannot.
+    enqueued_at: datetime | None = None
 
 
 T = TypeVar("T")
@@ -341,6 +344,24 @@ class Driver(ABC):
     def dead_letters(self, limit: int) -> list[DeadLetter]:
         """Read up to ``limit`` messages of the native dead-letter store without removing them."""
         raise NotImplementedError("The 'dead_letters' method is not implemented.")
+
+    def dead_letter_store(self) -> Driver:
+        """A driver over this queue's native dead-letter store, for re-driving dead letters.
+
+        Only called when ``capabilities.native_dead_letter`` (without a native
+        store core re-drives from the dead-letter queue through :meth:`sibling`).
+        The returned driver must implement :meth:`receive`, :meth:`change_visibility`
+        and :meth:`delete` on the dead letters, with the same lease rules as the
+        queue (a received dead letter is hidden from other receivers until its
+        lease ends, and ``delete`` with a stale receipt is refused); the other
+        data methods may raise. Each message it receives carries the dead letter's
+        own properties plus the marks core's dead-letter copies carry
+        (:func:`leasekit.dead_letters.marked`: the original id, the reason and the
+        delivery count), and as ``enqueued_at`` the time it was dead-lettered where
+        the store knows it. Constructing it must do no network I/O; core closes it.
+        The default raises :class:`NotImplementedError`: the backend cannot re-drive.
+        """
+        raise NotImplementedError("The 'dead_letter_store' method is not implemented.")
 
     def peek(self, limit: int) -> list[RawMessage]:
         """Read up to ``limit`` visible messages without leasing them (core reads dead letters so).

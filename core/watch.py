@@ -19,10 +19,12 @@ Tests render it to a string with ``Console(record=True, width=80)``.
 
 from __future__ import annotations
 
+import http.client
 import math
 import re
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -219,6 +221,34 @@ def sample_queue(queue: Queue) -> QueueSample:
         return QueueSample(now, error=f"{type(exc).__name__}: {redact(str(exc))}")
 
 
+def check_metrics_url(url: str) -> str:
+    """``url`` if it can be scraped: ``http(s)://HOST[:PORT]/PATH``, no credentials.
+
+    The error never shows the URL: a mistyped one may hold a password where
+    the port should be (``http://user:secret/metrics`` reads as host ``user``,
+    port ``secret``).
+
+    Raises:
+        InvalidURL: another scheme, no host, a port that is not a number, or
+            a user name or password in the URL.
+    """
+    shown = "(the URL is not shown: it may hold a secret)"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise errors.InvalidURL(
+            f"--metrics takes http(s)://HOST[:PORT]/PATH; its host or port is malformed {shown}"
+        ) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise errors.InvalidURL(f"--metrics takes http(s)://HOST[:PORT]/PATH {shown}")
+    if "@" in parts.netloc:
+        raise errors.InvalidURL(f"--metrics: credentials in the URL are not supported {shown}")
+    if port is not None and not 0 < port < 65536:
+        raise errors.InvalidURL(f"--metrics: the port is out of range {shown}")
+    return url
+
+
 def fetch_metrics(url: str, timeout: float = SCRAPE_TIMEOUT) -> MetricsSample:
     """Scrape a Prometheus endpoint now; a failure becomes the sample's error."""
     now = time.monotonic()
@@ -231,7 +261,11 @@ def fetch_metrics(url: str, timeout: float = SCRAPE_TIMEOUT) -> MetricsSample:
         return MetricsSample(now, error=f"HTTP {exc.code} {exc.reason}")
     except urllib.error.URLError as exc:
         return MetricsSample(now, error=redact(str(exc.reason)))
-    except (OSError, ValueError, errors.LeaseError) as exc:
+    except (OSError, ValueError, http.client.HTTPException, errors.LeaseError) as exc:
+        # http.client.InvalidURL quotes the URL's parts (a password as a "port"):
+        # name the failure's kind, not its text.
+        if isinstance(exc, http.client.InvalidURL):
+            return MetricsSample(now, error="the metrics URL is malformed")
         return MetricsSample(now, error=redact(str(exc)))
 
 

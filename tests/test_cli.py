@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -265,3 +266,176 @@ def test_lease_shows_whole_ids_and_bodies_at_80_columns(url: str) -> None:
     assert message_id in result.output  # never cut short
     assert "[bold]not markup[/]" in result.output and "(k=v)" in result.output
     assert result.output.count("x") >= 100
+
+
+# ------------------------------------------------------- the CLI as an operator meets it
+
+#: One bad input per command: (arguments, exit status, words the error must hold).
+#: ``{url}`` is a SQLite queue that exists; ``{missing}`` one whose file has no such queue.
+BAD_INPUT = {
+    "backends": (["backends", "--url", "kafka://x"], 2, "BackendNotFound"),
+    "send": (["send", "{missing}", "hello"], 1, "QueueNotFound"),
+    "lease": (["lease", "{url}", "--settle", "maybe"], 2, "--settle must be"),
+    "stats": (["stats", "sqlite:///no/such/dir/x.db?queue=q"], 2, "InvalidURL"),
+    "consume": (["consume", "{url}", "--handler", "nomodule"], 2, "MODULE:FUNCTION"),
+    "watch": (["watch", "{url}", "--interval", "0"], 2, "--interval must be"),
+    "conformance": (["conformance"], 2, "Missing argument 'URL'"),
+    "demo": (["demo", "--messages", "0"], 2, "--messages"),
+    "dead-letters": (["dead-letters", "{missing}"], 1, "QueueNotFound"),
+    "redrive": (["redrive", "{url}", "--limit", "0"], 2, "--limit"),
+    "spark-demo": (["spark-demo", "--batch", "many"], 2, "--batch"),
+}
+
+
+def _one_error_line(stderr: str) -> str:
+    """The error printed: one line, ``error: ...``, ending in a newline."""
+    assert stderr.endswith("\n") and stderr.count("\n") == 1, repr(stderr)
+    assert stderr.startswith("error: "), repr(stderr)
+    return stderr
+
+
+@pytest.fixture
+def queues(tmp_path: Path) -> dict[str, str]:
+    url = f"sqlite:///{tmp_path}/ops.db?queue=jobs"
+    assert runner.invoke(app, ["send", url, "x", "--create"]).exit_code == 0
+    return {"url": url, "missing": f"sqlite:///{tmp_path}/ops.db?queue=nope"}
+
+
+def test_every_command_has_a_bad_input_case() -> None:
+    assert sorted(BAD_INPUT) == sorted(name for name, _ in _commands())
+
+
+@pytest.mark.parametrize("command", sorted(BAD_INPUT))
+def test_bad_input_is_one_error_line_with_the_documented_exit_status_at_80_columns(
+    command: str, queues: dict[str, str]
+) -> None:
+    args, status, words = BAD_INPUT[command]
+    result = runner.invoke(app, [a.format(**queues) for a in args], env={"COLUMNS": "80"})
+    assert result.exit_code == status, result.output
+    assert words in _one_error_line(result.stderr)
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("args", [["nosuch"], ["--bogus"], ["stats"], ["send", "--count", "x"]])
+def test_usage_errors_are_one_line_not_a_panel(args: list[str]) -> None:
+    result = runner.invoke(app, args, env={"COLUMNS": "80"})
+    assert result.exit_code == 2
+    line = _one_error_line(result.stderr)
+    assert "╭" not in line and "--help" in line
+
+
+def test_backend_errors_exit_1(queues: dict[str, str]) -> None:
+    for args in (["stats", queues["missing"]], ["lease", queues["missing"]]):
+        result = runner.invoke(app, args, env={"COLUMNS": "80"})
+        assert result.exit_code == 1, result.output
+        assert "QueueNotFound" in _one_error_line(result.stderr)
+
+
+@pytest.mark.parametrize("count", ["1", "3"])
+def test_send_to_a_missing_queue_reports_queue_not_found_not_send_incomplete(
+    queues: dict[str, str], count: str
+) -> None:
+    result = runner.invoke(app, ["send", queues["missing"], "hi", "--count", count])
+    assert result.exit_code == 1
+    line = _one_error_line(result.stderr)
+    assert line.startswith("error: QueueNotFound:") and "SendIncomplete" not in line
+
+
+@pytest.mark.parametrize("args", [[], *([name] for name, _ in _commands())])
+def test_help_shows_no_typer_placeholders(args: list[str]) -> None:
+    result = runner.invoke(app, [*args, "--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0
+    assert "<bool>" not in result.output
+    assert not re.search(r"\{[A-Z_]+\}", result.output), result.output
+    if args and args[0] in ("send", "lease", "stats"):
+        assert f"leasekit {args[0]} [OPTIONS] URL" in result.output
+
+
+@pytest.mark.parametrize("flag", ["-o", "--option", "-p"])
+def test_a_key_value_item_without_equals_is_not_echoed(queues: dict[str, str], flag: str) -> None:
+    secret = "aws_secret_access_keyAKIAEXAMPLESECRET"
+    result = runner.invoke(app, ["send", queues["url"], "x", flag, "a=1", flag, secret])
+    assert result.exit_code == 2
+    line = _one_error_line(result.stderr)
+    assert secret not in result.output and "AKIA" not in result.output
+    assert "KEY=VALUE" in line and "number 2" in line
+
+
+@pytest.mark.parametrize(
+    "metrics",
+    [
+        "http://user:AWSsecret/metrics",  # a password where the port should be
+        "http://user:AWSsecret@127.0.0.1:9/metrics",
+        "http://[::1:AWSsecret/metrics",
+        "ftp://AWSsecret/metrics",
+    ],
+)
+def test_watch_refuses_a_malformed_metrics_url_without_showing_it(
+    queues: dict[str, str], metrics: str
+) -> None:
+    result = runner.invoke(
+        app, ["watch", queues["url"], "--metrics", metrics, "--once", "--interval", "0.1"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "--metrics" in _one_error_line(result.stderr)
+    assert "AWSsecret" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_python_dash_m_leasekit_is_the_leasekit_script(queues: dict[str, str]) -> None:
+    script = Path(sys.executable).with_name("leasekit")
+    env = {**os.environ, "COLUMNS": "80"}
+    for args in (["stats", queues["url"]], ["stats", queues["missing"]], ["nosuch"]):
+        by_module = subprocess.run(
+            [sys.executable, "-m", "leasekit", *args], capture_output=True, text=True, env=env
+        )
+        by_script = subprocess.run([script, *args], capture_output=True, text=True, env=env)
+        assert by_module.returncode == by_script.returncode, args
+        assert by_module.stdout == by_script.stdout
+        assert by_module.stderr.replace("python -m leasekit", "leasekit") == by_script.stderr
+
+
+def _dead_lettered(url: str, bodies: list[str]) -> None:
+    import leasekit
+
+    with leasekit.open(url, create=True) as queue:
+        queue.send_many([b.encode() for b in bodies])
+        for lease in queue.lease(len(bodies)):
+            lease.dead_letter("handler raised ValueError: " + "why " * 30)
+
+
+def test_dead_letters_lists_age_reason_count_and_body_at_80_columns(url: str) -> None:
+    _dead_lettered(url, ["short", "long " * 40, "\u00e9t\u00e9"])
+    result = runner.invoke(app, ["dead-letters", url], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert "3 dead letter(s) of jobs" in lines[0]
+    header = next(line for line in lines if "reason" in line)
+    assert "age" in header and "#" in header and "body" in header
+    rows = [line for line in lines if line.startswith("│")]
+    assert len(rows) == 3
+    assert all("handler raised" in row and "…" in row for row in rows)  # reason cut to fit
+    assert any("short" in row for row in rows) and any("\u00e9t\u00e9" in row for row in rows)
+    assert all(re.search(r"│\s+[\d.]+ (ms|s)\s+│\s+1\s+│", row) for row in rows), rows
+
+
+def test_redrive_dry_run_moves_nothing_then_redrive_moves_with_a_summary(url: str) -> None:
+    _dead_lettered(url, ["a", "b", "c"])
+    dry = runner.invoke(app, ["redrive", url, "--dry-run"], env={"COLUMNS": "80"})
+    assert dry.exit_code == 0 and "would move 3 dead letter(s)" in dry.stdout
+    limited = runner.invoke(app, ["redrive", url, "--limit", "2"], env={"COLUMNS": "80"})
+    assert limited.exit_code == 0, limited.output
+    assert "moved 2 dead letter(s) back to jobs" in limited.stdout
+    assert "more are left" in limited.stdout
+    rest = runner.invoke(app, ["redrive", url], env={"COLUMNS": "80"})
+    assert "moved 1 dead letter(s)" in rest.stdout and "more are left" not in rest.stdout
+    leased = runner.invoke(app, ["lease", url, "--max", "10", "--json"])
+    bodies = sorted(
+        base64.b64decode(json.loads(line)["body_base64"])
+        for line in leased.stdout.splitlines()
+        if line.startswith("{")
+    )
+    assert bodies == [b"a", b"b", b"c"]
+    empty = runner.invoke(app, ["dead-letters", url])
+    assert empty.exit_code == 0 and "no dead letters" in empty.output
