@@ -47,7 +47,8 @@ class BoundedThreadingMixIn(socketserver.ThreadingMixIn):
     def process_request(self, request: Any, client_address: Any) -> None:
         """Serve on a new thread if a slot is free; close the connection otherwise."""
         if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
+            # TCPServer.shutdown_request: the mixin always sits on a TCPServer.
+            self.shutdown_request(request)  # type: ignore[attr-defined]
             return
         try:
             super().process_request(request, client_address)
