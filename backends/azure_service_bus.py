@@ -223,7 +223,7 @@ DEFAULT_ADMIN_PORT = 5300
 #: Seconds of empty receives, with nothing else heard from the service, after
 #: which a receive probes the connection (a dead one returns empty receives too).
 #: Shorter notices a partition sooner; each probe is one management request.
-PROBE_AFTER = 3.0
+PROBE_AFTER = 2.0
 #: Longest wait for the probe's answer: how long a partition may look like an
 #: idle queue once a probe is due. Loopback answers in about a millisecond.
 PROBE_TIMEOUT = 2.0

@@ -346,7 +346,10 @@ def test_a_settle_batch_ends_by_its_timeout_under_a_blackhole(
     leases = _lease_all(proxied, 16, duration=10)
     fault_target.proxy.blackhole()
     started = time.monotonic()
-    results = proxied.abandon_many(leases, timeout=2)
+    try:  # a batch call that fails as a whole raises; per-lease failures are results
+        results: list[object] = list(proxied.abandon_many(leases, timeout=2))
+    except leasekit.BackendUnavailable as exc:
+        results = [exc] * len(leases)
     took = time.monotonic() - started
     record_property("abandon_many_16_under_blackhole_s", round(took, 2))
     assert took <= 2 + BOUND_SLACK, f"abandon_many(16 leases, timeout=2) took {took:.1f} s"
@@ -461,7 +464,7 @@ def test_readiness_sees_a_partition_and_its_end(
             began = time.monotonic()
             # Documented (docs/health.md): a receive that waits past its 1 s long
             # poll by slow_receive (5 s), or fails; on Service Bus a probe after
-            # 3 s of silence that gets no answer in 2 s.
+            # 2 s of silence that gets no answer in 2 s.
             _wait_until(lambda: _get_status(ready) == 503, 6 + 2, "/readyz to turn 503")
             record_property("not_ready_after_s", round(time.monotonic() - began, 2))
             fault_target.proxy.pass_()
