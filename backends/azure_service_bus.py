@@ -144,7 +144,7 @@ from typing import Any
 
 from leasekit.capabilities import Capabilities
 from leasekit.clock import to_datetime
-from leasekit.deadline import call_timeout
+from leasekit.deadline import DeadlineExceeded, call_timeout, check_deadline
 from leasekit.errors import BackendNotInstalled, InvalidURL
 from leasekit.hookspecs import hookimpl
 from leasekit.options import as_float, as_int, as_text
@@ -221,6 +221,16 @@ MAX_TTL = 10 * 365 * 86400.0
 LOCK_SLACK = 1.0
 #: An emulator's management port (Microsoft's emulator serves HTTP on 5300).
 DEFAULT_ADMIN_PORT = 5300
+#: Seconds of empty receives, with nothing else heard from the service, after
+#: which a receive probes the connection (a dead one returns empty receives too).
+#: Shorter notices a partition sooner; each probe is one management request.
+PROBE_AFTER = 2.0
+#: Longest wait for the probe's answer: how long a partition may look like an
+#: idle queue once a probe is due. Loopback answers in about a millisecond.
+PROBE_TIMEOUT = 2.0
+#: The probe peeks from this sequence number: past any queue's end, so the
+#: answer carries no message (Service Bus answers 204 No Content).
+PROBE_SEQUENCE_NUMBER = 2**62
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._/-]{0,258}[A-Za-z0-9])?$")
 _SECRET_OPTIONS = frozenset(
@@ -254,6 +264,11 @@ _UNAVAILABLE = frozenset(
         "ServiceResponseError",
         "ServiceRequestTimeoutError",
         "ServiceResponseTimeoutError",
+        # pyamqp's own errors, where an SDK step raises them unconverted
+        "AMQPConnectionError",
+        "AMQPSessionError",
+        "AMQPLinkError",
+        "DeadlineExceeded",
     }
 )
 _TOO_LARGE = frozenset({"MessageSizeExceededError"})
@@ -274,11 +289,17 @@ def leasekit_add_backends() -> list[BackendSpec]:
 
 @dataclass
 class _Held:
-    """A message this driver holds the lock of, and the receiver that must settle it."""
+    """A message this driver holds the lock of, and the receiver that must settle it.
+
+    ``handler`` is the receiver's AMQP client (its connection and link) the message
+    came on: once the SDK replaced it (a reconnect), the message is settled over
+    the management link instead, by lock token.
+    """
 
     message: Any
     receiver: Any
     locked_until: float
+    handler: Any = None
 
 
 class _Gate:
@@ -301,13 +322,26 @@ class _Gate:
         self._waiting = 0
 
     @contextlib.contextmanager
-    def priority(self) -> Iterator[None]:
-        """Hold the connection for a settle or renewal (waits for a receive's turn to end)."""
+    def priority(self, timeout: float | None) -> Iterator[None]:
+        """Hold the connection for a settle or renewal (waits for a receive's turn to end).
+
+        Waits at most ``timeout`` seconds (``None``: as long as it takes), then
+        raises :class:`~leasekit.deadline.DeadlineExceeded`: a call that cannot
+        get the connection in time fails on time instead of queueing behind a
+        hung one.
+        """
+        end = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             self._waiting += 1
             try:
                 while self._busy:
-                    self._cond.wait()
+                    remaining = None if end is None else end - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise DeadlineExceeded(
+                            "azure-service-bus: the connection stayed busy with another call "
+                            f"for {timeout:.2f} s"
+                        )
+                    self._cond.wait(remaining)
             finally:
                 self._waiting -= 1
             self._busy = True
@@ -334,6 +368,107 @@ class _Gate:
             self._cond.notify_all()
 
     end_turn = _release
+
+
+def _open_handler(handler: Any, timeout: float) -> None:
+    """Open an SDK sender or receiver (a no-op while open) within ``timeout`` seconds.
+
+    ``__enter__`` would open with the SDK's retries and its own ``try_timeout``;
+    ``_open(timeout)`` is the step it repeats, bounded by the time given.
+    """
+    opener = getattr(handler, "_open", None)
+    if opener is None:
+        handler.__enter__()
+        return
+    try:
+        opener(timeout)
+    except Exception as exc:
+        # What the SDK's retry loop does with an error of one attempt: the raw
+        # AMQP error as the ServiceBusError it means, the handler shut down if
+        # the connection is gone (the next call reconnects).
+        handle = getattr(handler, "_handle_exception", None)
+        if handle is None:
+            raise
+        raise handle(exc) from exc
+
+
+@contextlib.contextmanager
+def _timeouts(handler: Any, seconds: float) -> Iterator[None]:
+    """Run one SDK call with the handler's operation timeouts set to ``seconds``.
+
+    The SDK takes no timeout per settle: a settle waits for the service's
+    outcome for the handler's ``timeout`` setting, and over the management link
+    for its ``try_timeout``. Only for a caller that holds the handler's
+    connection alone (the gate), so no other call sees the change.
+    """
+    config = getattr(handler, "_config", None)
+    if config is None:
+        yield
+        return
+    saved = config.timeout, config.try_timeout
+    # Half each: a settle whose outcome does not come on the receive link is
+    # tried again over the management link by the SDK, within the same call.
+    config.timeout = config.try_timeout = seconds / 2
+    try:
+        yield
+    finally:
+        config.timeout, config.try_timeout = saved
+
+
+def _drop_connection(receiver: Any) -> None:
+    """Close the receiver's AMQP client so its next call opens a new connection.
+
+    For a connection that stopped answering: the SDK keeps using it otherwise.
+    Never raises (the socket may be gone already).
+    """
+    try:
+        receiver._close_handler()
+    except Exception:
+        _log.debug("closing the receiver's connection failed", exc_info=True)
+
+
+def _settle_by_token(receiver: Any, message: Any, action: str, **kwargs: Any) -> None:
+    """Settle ``message`` over the receiver's management link (``update-disposition``).
+
+    For a message whose receive link is gone (the SDK shut it down after a
+    connection error, or replaced it since): what the SDK does itself when its
+    link is closed, but the SDK refuses to settle on a handler it shut down.
+    The management request opens a new connection if needed. Raises
+    ``MessageLockLostError`` for a lock the service no longer holds.
+    """
+    from azure.servicebus._common.constants import (
+        MESSAGE_ABANDON,
+        MESSAGE_COMPLETE,
+        MESSAGE_DEAD_LETTER,
+        MESSAGE_MGMT_SETTLEMENT_TERM_MAP,
+        MGMT_REQUEST_DEAD_LETTER_ERROR_DESCRIPTION,
+        MGMT_REQUEST_DEAD_LETTER_REASON,
+    )
+
+    operation = {
+        "complete_message": MESSAGE_COMPLETE,
+        "abandon_message": MESSAGE_ABANDON,
+        "dead_letter_message": MESSAGE_DEAD_LETTER,
+    }[action]
+    details = None
+    if operation == MESSAGE_DEAD_LETTER:
+        details = {
+            MGMT_REQUEST_DEAD_LETTER_REASON: kwargs.get("reason") or "",
+            MGMT_REQUEST_DEAD_LETTER_ERROR_DESCRIPTION: kwargs.get("error_description") or "",
+        }
+    if message._settled:
+        from azure.servicebus.exceptions import MessageAlreadySettled
+
+        raise MessageAlreadySettled(action=action)
+    try:
+        receiver._settle_message_via_mgmt_link(
+            MESSAGE_MGMT_SETTLEMENT_TERM_MAP[operation],
+            [message.lock_token],
+            dead_letter_details=details,
+        )
+    except Exception as exc:
+        raise receiver._handle_exception(exc) from exc
+    message._settled = True
 
 
 def _installed(module: str) -> bool:
@@ -464,7 +599,8 @@ class ServiceBusDriver(Driver):
             lease is exactly this long.
         max_message_size: the entity's maximum message size in bytes (262144 on Standard).
         max_wait: longest wait of one receive call in seconds (core loops for longer).
-        retry_total: the SDK's retries per operation.
+        retry_total: the SDK's own retries per operation (default 0: core retries
+            within its deadline, and a connection error reconnects at once).
         read_timeout: seconds an operation may wait for the service's answer (default
             10); renewals are bounded tighter, by core's deadline.
         admin_port: with ``UseDevelopmentEmulator=true``, the emulator's HTTP port for
@@ -486,7 +622,7 @@ class ServiceBusDriver(Driver):
         lock_duration: float | str = DEFAULT_LOCK_DURATION,
         max_message_size: int | str = DEFAULT_MAX_MESSAGE_SIZE,
         max_wait: float | str = DEFAULT_MAX_WAIT,
-        retry_total: int | str = 3,
+        retry_total: int | str = 0,
         read_timeout: float | str = DEFAULT_READ_TIMEOUT,
         admin_port: int | str = DEFAULT_ADMIN_PORT,
     ) -> None:
@@ -580,6 +716,8 @@ class ServiceBusDriver(Driver):
         self._checked_lock = False
         self._entity_missing = False
         self._closed = False
+        #: When the service last answered anything (monotonic): see ``receive``.
+        self._heard = time.monotonic()
         self.capabilities = CAPABILITIES.replace(
             min_lease=lock,
             max_lease=lock,
@@ -628,8 +766,11 @@ class ServiceBusDriver(Driver):
 
         if self._closed:
             raise DriverError(ErrorCode.UNKNOWN, "azure-service-bus: the driver is closed")
-        # timeout: how long a settle waits for the service's answer (and management
-        # calls); try_timeout: one attempt of an operation. Renewals get less.
+        # timeout: how long a settle waits for the service's answer (set per settle
+        # to core's deadline, see _settle); try_timeout: one attempt of an
+        # operation. retry_total 0 by default: a failed attempt returns at once
+        # (the handler reconnects on the next call) and core retries within its
+        # deadline, instead of the SDK sleeping 1.6 s and more between tries.
         options: dict[str, Any] = {
             "retry_total": self._retry_total,
             "timeout": self._read_timeout,
@@ -642,17 +783,16 @@ class ServiceBusDriver(Driver):
         return self._client
 
     def _get_sender(self) -> Any:
-        sender = self._sender
-        if sender is not None:
-            return sender
         with self._setup_lock:
             if self._sender is None:
                 # keep_alive=0: no keep-alive thread for the sender (an idle link
                 # the service detaches is re-opened by the SDK on the next send).
-                sender = self._get_client().get_queue_sender(self.queue, keep_alive=0)
-                sender.__enter__()  # open the link now, not inside a send's budget
-                self._sender = sender
-            return self._sender
+                self._sender = self._get_client().get_queue_sender(self.queue, keep_alive=0)
+            sender = self._sender
+        # Open the link (or re-open it after the SDK shut it down on an error)
+        # within core's deadline; a no-op while it is open.
+        _open_handler(sender, self._left())
+        return sender
 
     def _get_receiver(self) -> Any:
         with self._setup_lock:
@@ -669,8 +809,8 @@ class ServiceBusDriver(Driver):
                 )
                 self._receiver = receiver
         # Opens the link (or re-opens it after the SDK shut it down on an error)
-        # outside a receive's wait budget; a no-op while it is open.
-        receiver.__enter__()
+        # within core's deadline, outside a receive's wait; a no-op while it is open.
+        _open_handler(receiver, self._left())
         return receiver
 
     # --------------------------------------------------------------- messages
@@ -693,37 +833,47 @@ class ServiceBusDriver(Driver):
         """``send_messages`` of one, or ``ServiceBusMessageBatch`` sends split at the size limit.
 
         Each message gets a fresh message id (its leasekit id). A message too large
-        even alone gets its error; the others are still sent.
+        even alone gets its error; the others are still sent. Every SDK call is
+        bounded by core's deadline (the sender's turn and the link's open included).
         """
-        from azure.servicebus.exceptions import MessageSizeExceededError
-
         outgoing = [self._outgoing(m) for m in messages]
         results: list[str | BaseException] = [str(m.message_id) for m in outgoing]
-        with self._send_lock:
-            sender = self._get_sender()
-            if len(outgoing) == 1:
-                sender.send_messages(outgoing[0])
-            else:
-                batch, pending = sender.create_message_batch(), 0
-                for index, message in enumerate(outgoing):
-                    try:
-                        batch.add_message(message)
-                    except MessageSizeExceededError as exc:
-                        if not pending:  # too large even alone
-                            results[index] = exc
-                            continue
-                        sender.send_messages(batch)
-                        batch, pending = sender.create_message_batch(), 0
-                        try:
-                            batch.add_message(message)
-                        except MessageSizeExceededError as alone:
-                            results[index] = alone
-                            continue
-                    pending += 1
-                if pending:
-                    sender.send_messages(batch)
+        if not self._send_lock.acquire(timeout=self._left()):
+            raise DeadlineExceeded("azure-service-bus: another send held the sender too long")
+        try:
+            self._send_with(outgoing, results)
+        finally:
+            self._send_lock.release()
+        self._heard = time.monotonic()
         self._entity_missing = False
         return results
+
+    def _send_with(self, outgoing: list[Any], results: list[str | BaseException]) -> None:
+        """Send ``outgoing`` (``_send_lock`` held), each call within core's deadline."""
+        from azure.servicebus.exceptions import MessageSizeExceededError
+
+        sender = self._get_sender()
+        if len(outgoing) == 1:
+            sender.send_messages(outgoing[0], timeout=self._left())
+        else:
+            batch, pending = sender.create_message_batch(), 0
+            for index, message in enumerate(outgoing):
+                try:
+                    batch.add_message(message)
+                except MessageSizeExceededError as exc:
+                    if not pending:  # too large even alone
+                        results[index] = exc
+                        continue
+                    sender.send_messages(batch, timeout=self._left())
+                    batch, pending = sender.create_message_batch(), 0
+                    try:
+                        batch.add_message(message)
+                    except MessageSizeExceededError as alone:
+                        results[index] = alone
+                        continue
+                pending += 1
+            if pending:
+                sender.send_messages(batch, timeout=self._left())
 
     def receive(self, max_messages: int, visibility: float, wait: float) -> list[RawMessage]:
         """PeekLock ``receive_messages``: up to ``max_messages``, in one short turn on the link.
@@ -732,6 +882,15 @@ class ServiceBusDriver(Driver):
         (settles and renewals go first) and returns what it got; core calls again
         while its wait lasts. ``visibility`` is always the queue's lock duration
         (core refuses others).
+
+        A receive on a dead connection (a partition: nothing answers, nothing
+        resets) returns an empty list just like one on an idle queue. So when
+        receives have come back empty for ``PROBE_AFTER`` seconds with nothing
+        else heard from the service, the receive asks the service something
+        cheap (a peek past the end of the queue, ``PROBE_TIMEOUT`` at most): no
+        answer is an ``OperationTimeoutError``, a failed receive core reports
+        like any other backend's, and the connection is dropped so the next
+        call opens a new one.
         """
         if not self._gate.take_turn(max(wait, 0.0)):
             return []
@@ -741,6 +900,10 @@ class ServiceBusDriver(Driver):
                 max_message_count=max_messages,
                 max_wait_time=min(max(wait, MIN_WAIT), RECEIVE_SLICE),
             )
+            if messages:
+                self._heard = time.monotonic()
+            elif time.monotonic() - self._heard > PROBE_AFTER:
+                self._probe(receiver)
         except Exception as exc:
             self._note_failure(None, exc)  # a missing queue, for later settles
             raise
@@ -750,6 +913,24 @@ class ServiceBusDriver(Driver):
         raws = self._hold(receiver, messages)
         self._check_lock_duration(raws)
         return raws
+
+    def _probe(self, receiver: Any) -> None:
+        """Check the connection is alive: ask the service for nothing (a peek past the end).
+
+        Called with the gate held. A probe that gets no answer in time closes the
+        receiver's connection (the next call reconnects) and raises.
+        """
+        try:
+            receiver.peek_messages(
+                max_message_count=1,
+                sequence_number=PROBE_SEQUENCE_NUMBER,
+                timeout=min(self._left(), PROBE_TIMEOUT),
+            )
+        except Exception as exc:
+            if self.error_code(exc) is ErrorCode.UNAVAILABLE:
+                _drop_connection(receiver)
+            raise
+        self._heard = time.monotonic()
 
     def _hold(self, receiver: Any, messages: Sequence[Any]) -> list[RawMessage]:
         """Record the received messages in the token map; drop those whose lock already ended."""
@@ -766,7 +947,9 @@ class ServiceBusDriver(Driver):
                     _log.debug("dropping message %r: its lock ended", message.message_id)
                     continue
                 token = str(message.lock_token)
-                self._held[token] = _Held(message, receiver, locked_until)
+                self._held[token] = _Held(
+                    message, receiver, locked_until, getattr(receiver, "_handler", None)
+                )
                 raws.append(self._raw(message, token, locked_until))
         return raws
 
@@ -831,14 +1014,31 @@ class ServiceBusDriver(Driver):
             self._held.pop(receipt, None)
 
     def _settle(self, receipt: str, action: str, **kwargs: Any) -> None:
-        """Complete/abandon/dead-letter on the receiving link; forget the token when done."""
+        """Complete/abandon/dead-letter on the receiving link; forget the token when done.
+
+        Within core's deadline, the wait for the connection included: the SDK
+        takes no timeout per settle, so the receiver's outcome timeout (its
+        ``timeout`` setting) is set to the time left while this call holds the
+        connection. A message whose link the SDK replaced since (a reconnect
+        after a connection error) is settled over the management link by lock
+        token, as the SDK itself does when the link is gone.
+        """
         held = self._lookup(receipt)
         try:
-            with self._gate.priority():
-                getattr(held.receiver, action)(held.message, **kwargs)
+            with self._gate.priority(self._left()), _timeouts(held.receiver, self._left()):
+                receiver = held.receiver
+                handler = getattr(receiver, "_handler", None)
+                by_token = hasattr(receiver, "_settle_message_via_mgmt_link") and (
+                    handler is None or handler is not held.handler
+                )
+                if by_token:
+                    _settle_by_token(receiver, held.message, action, **kwargs)
+                else:
+                    getattr(receiver, action)(held.message, **kwargs)
         except Exception as exc:
             self._note_failure(receipt, exc)
             raise
+        self._heard = time.monotonic()
         self._forget(receipt)
 
     def _note_failure(self, receipt: str | None, exc: BaseException) -> None:
@@ -870,14 +1070,15 @@ class ServiceBusDriver(Driver):
         for group in groups.values():
             receiver = group[0][1].receiver
             renew_many = getattr(receiver, "_renew_locks", None)
-            if renew_many is None or len(group) == 1:
+            if renew_many is None or len(group) == 1:  # one token: the same request
                 self._renew_each(receipts, group, results)
                 continue
             try:
-                with self._gate.priority():
+                with self._gate.priority(self._left()):
                     response = renew_many(
                         *[str(h.message.lock_token) for _, h in group], timeout=self._left()
                     )
+                self._heard = time.monotonic()
                 expirations = _expirations(response)
             except Exception as exc:
                 if self.error_code(exc) is ErrorCode.LEASE_LOST:
@@ -901,7 +1102,12 @@ class ServiceBusDriver(Driver):
         held.locked_until = expiry
 
     def _left(self) -> float:
-        """The time left before core's deadline for this call, at most ``read_timeout``."""
+        """The time left before core's deadline for this call, at most ``read_timeout``.
+
+        Raises :class:`~leasekit.deadline.DeadlineExceeded` once it has passed: no
+        SDK call starts then (the SDK would still read its socket at least once).
+        """
+        check_deadline("azure-service-bus")
         left = call_timeout(self._read_timeout)
         assert left is not None
         return left
@@ -913,14 +1119,26 @@ class ServiceBusDriver(Driver):
         results: list[Visibility | BaseException | None],
     ) -> None:
         for index, held in group:
+            # The renew-lock request itself, not renew_message_lock: that one
+            # refuses (client side) once the SDK shut the link down after a
+            # connection error, while the lock still stands on the service and
+            # the request reconnects.
+            renew = getattr(held.receiver, "_renew_locks", None)
             try:
-                with self._gate.priority():
-                    until = held.receiver.renew_message_lock(held.message, timeout=self._left())
+                with self._gate.priority(self._left()):
+                    if renew is not None:
+                        token = str(held.message.lock_token)
+                        [until] = _expirations(renew(token, timeout=self._left()))
+                    else:
+                        until = held.receiver.renew_message_lock(
+                            held.message, timeout=self._left()
+                        ).timestamp()
+                self._heard = time.monotonic()
             except Exception as exc:
                 self._note_failure(receipts[index], exc)
                 results[index] = exc
                 continue
-            self._renewed(held, until.timestamp())
+            self._renewed(held, until)
             results[index] = Visibility(receipts[index], to_datetime(held.locked_until))
 
     def delete(self, receipts: Sequence[str]) -> list[BaseException | None]:
@@ -949,7 +1167,9 @@ class ServiceBusDriver(Driver):
         letters: list[DeadLetter] = []
         with receiver:
             while len(letters) < limit:
-                peeked = receiver.peek_messages(max_message_count=limit - len(letters))
+                peeked = receiver.peek_messages(
+                    max_message_count=limit - len(letters), timeout=self._left()
+                )
                 if not peeked:
                     break
                 for message in peeked:
@@ -1110,15 +1330,19 @@ class ServiceBusDriver(Driver):
         return None
 
     def is_retryable(self, exc: BaseException) -> bool:
-        """Never: the SDK retries transient errors itself (``retry_total``)."""
-        return False
+        """Transient errors (``BackendUnavailable``): core retries them within its deadline.
+
+        The SDK's own retries are off by default (``retry_total=0``): its backoff
+        (0.8 s doubling) would outlast a renewal's time left after a short cut.
+        """
+        return self.error_code(exc) is ErrorCode.UNAVAILABLE
 
     def close(self) -> None:
         """Close the receiver, the sender and the client (threads and sockets end)."""
         if self._closed:
             return
         self._closed = True
-        with self._gate.priority(), self._send_lock, self._setup_lock:
+        with self._gate.priority(None), self._send_lock, self._setup_lock:
             handlers = [self._receiver, self._sender, self._client]
             self._receiver = self._sender = self._client = None
             with self._held_lock:

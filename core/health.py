@@ -42,7 +42,7 @@ from .options import MAX_SECONDS, check_number
 from .redaction import redact
 
 if TYPE_CHECKING:
-    from http.server import ThreadingHTTPServer
+    from http.server import HTTPServer
 
 __all__ = [
     "SLOW_RECEIVE",
@@ -278,7 +278,10 @@ class HealthServer:
     ``/livez`` answers 200 when live and 503 when not, ``/readyz`` the same for
     ready; the JSON body is :meth:`Health.as_dict` (the problems say why). Any
     other path is 404. A context manager; :meth:`start` returns at once and
-    serves on a daemon thread until :meth:`stop`.
+    serves on a daemon thread until :meth:`stop`. At most ``MAX_CONNECTIONS``
+    (32) connections are served at once, and a client that does not finish
+    its request within ``REQUEST_TIMEOUT`` (5 s) is dropped
+    (:mod:`leasekit.serving`), so stalled clients cannot pile up threads.
     """
 
     def __init__(
@@ -305,7 +308,7 @@ class HealthServer:
                 f"worker must have a health() method or be callable, got {worker!r}"
             )
         self._address = (host, port)
-        self._server: ThreadingHTTPServer | None = None
+        self._server: HTTPServer | None = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -372,16 +375,20 @@ class HealthServer:
         self.stop()
 
 
-def _make_server(address: tuple[str, int], check: Callable[[], Health]) -> ThreadingHTTPServer:
+def _make_server(address: tuple[str, int], check: Callable[[], Health]) -> HTTPServer:
     """A bound HTTP server answering ``/livez`` and ``/readyz`` from ``check()``.
 
     ``http.server`` is imported here, not with the module: ``import leasekit``
     stays as light as it was for workers that serve no health endpoint.
     """
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from .serving import REQUEST_TIMEOUT, BoundedThreadingMixIn
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "leasekit-health"
+        # A client that stalls mid-request is dropped, not waited for.
+        timeout = REQUEST_TIMEOUT
 
         def do_GET(self) -> None:
             self._answer(body=True)
@@ -416,8 +423,7 @@ def _make_server(address: tuple[str, int], check: Callable[[], Health]) -> Threa
         def log_message(self, format: str, *args: Any) -> None:
             _log.debug("health %s", format % args)
 
-    class Server(ThreadingHTTPServer):
+    class Server(BoundedThreadingMixIn, HTTPServer):
         address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-        daemon_threads = True
 
     return Server(address, Handler)

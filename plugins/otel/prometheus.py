@@ -85,7 +85,6 @@ def start_prometheus_server(
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.resources import Resource
-    from prometheus_client import start_http_server
 
     if port is None:
         port = int(os.environ.get("OTEL_EXPORTER_PROMETHEUS_PORT", DEFAULT_PORT))
@@ -95,7 +94,7 @@ def start_prometheus_server(
     reader = PrometheusMetricReader()
     provider = MeterProvider(metric_readers=[reader], resource=resource or Resource.create())
     try:
-        server, thread = start_http_server(port, addr=host)
+        server, thread = _serve(port, host)
     except BaseException:
         provider.shutdown()
         raise
@@ -107,3 +106,39 @@ def start_prometheus_server(
         _thread=thread,
         _reader=reader,
     )
+
+
+def _serve(port: int, host: str) -> tuple[Any, threading.Thread]:
+    """prometheus_client's ``start_http_server``, with its connections bounded.
+
+    Its threading server reads without a timeout and starts a thread per
+    connection, so clients that send half a request pin a thread each; here
+    at most ``MAX_CONNECTIONS`` are served at once and a stalled client is
+    dropped after ``REQUEST_TIMEOUT`` (:mod:`leasekit.serving`).
+    """
+    import socket
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    from prometheus_client import REGISTRY, make_wsgi_app
+
+    from leasekit.serving import REQUEST_TIMEOUT, BoundedThreadingMixIn
+
+    family, _, _, _, sockaddr = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+
+    class Server(BoundedThreadingMixIn, WSGIServer):
+        address_family = family
+
+    class Handler(WSGIRequestHandler):
+        timeout = REQUEST_TIMEOUT
+
+        def log_message(self, format: str, *args: Any) -> None:
+            """Log nothing (as prometheus_client's own handler)."""
+
+    server = make_server(
+        str(sockaddr[0]), port, make_wsgi_app(REGISTRY), Server, handler_class=Handler
+    )
+    thread = threading.Thread(target=server.serve_forever, name="leasekit-prometheus", daemon=True)
+    thread.start()
+    return server, thread

@@ -1,9 +1,15 @@
 """The ``fault_target`` fixture: each backend with a fault-injecting proxy in front of it.
 
 Parametrized over the backends the fault scenarios run on (the MNS emulator,
-moto's SQS, Azurite). Each gives a way to open a queue *through* the proxy (the
-consumer under test) and *directly* (a rival consumer, or the test checking what
-the server holds), both on the same fresh queue.
+moto's SQS, Azurite, leasekit's Service Bus emulator): one table, so a backend
+cannot skip a promise the others keep. Each gives a way to open a queue
+*through* the proxy (the consumer under test) and *directly* (a rival consumer,
+or the test checking what the server holds), both on the same fresh queue.
+
+A scenario asks for the lease it uses (``queues(lease=4)``): where the lease is
+a property of the queue (Service Bus's LockDuration) the queue is made with
+that lock; elsewhere each call chooses its lease. Rivals and checks lease with
+the queue's default duration.
 """
 
 from __future__ import annotations
@@ -42,15 +48,21 @@ class FaultTarget:
     detects_stale: bool = True
     #: Called with each new queue's name after it is created (queue settings).
     prepare: Callable[[str], None] | None = None
+    #: Whether the lease is the queue's (Service Bus: its LockDuration), set at creation.
+    fixed_lease: bool = False
     pairs: list[tuple[Queue, Queue]] = field(default_factory=list)
 
-    def queues(self, **options: Any) -> tuple[Queue, Queue]:
+    def queues(self, *, lease: float | None = None, **options: Any) -> tuple[Queue, Queue]:
         """A fresh queue opened through the proxy (with ``options``) and directly.
 
-        Created first; deleted when the test ends.
+        ``lease``: the lease the scenario takes; where the queue fixes it, the
+        queue's lock. Created first; deleted when the test ends.
         """
         name = f"fault-{uuid.uuid4().hex[:12]}"
-        direct = self.open_direct(name, create=True)
+        if self.fixed_lease and lease is not None:
+            options = {"lock_duration": lease, **options}
+        fixed = {"lock_duration": options["lock_duration"]} if "lock_duration" in options else {}
+        direct = self.open_direct(name, create=True, **fixed)
         if self.prepare is not None:
             self.prepare(name)
         proxied = self.open_proxied(name, **options)
@@ -143,10 +155,38 @@ def _azure(make: MakeProxy, request: pytest.FixtureRequest) -> FaultTarget:
     )
 
 
+def _servicebus(make: MakeProxy, request: pytest.FixtureRequest) -> FaultTarget:
+    from leasekit.emulators.servicebus import connection_string
+
+    server = request.getfixturevalue("servicebus_server")
+    proxy = make(server.port)
+
+    def open_with(host: str, port: int) -> Callable[..., Queue]:
+        def opener(name: str, **options: Any) -> Queue:
+            return leasekit.open(
+                "azure-service-bus",
+                queue=name,
+                connection_string=connection_string(host, port),
+                admin_port=server.http_port,  # management (queue admin) goes straight there
+                **options,
+            )
+
+        return opener
+
+    return FaultTarget(
+        "azure-service-bus",
+        proxy,
+        open_with(proxy.host, proxy.port),
+        open_with(server.host, server.port),
+        fixed_lease=True,
+    )
+
+
 #: The backends the fault scenarios run on, by scheme.
 FAULT_BACKENDS: dict[str, Callable[[MakeProxy, pytest.FixtureRequest], FaultTarget]] = {
     "aliyun-mns": _mns,
     "aws-sqs": _sqs,
+    "azure-service-bus": _servicebus,
     "azure-storage-queue": _azure,
 }
 
