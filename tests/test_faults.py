@@ -333,11 +333,6 @@ def test_a_send_ends_by_its_call_timeout_under_a_blackhole(
     assert took <= CALL_TIMEOUT + BOUND_SLACK, f"send took {took:.1f} s (call_timeout=2)"
 
 
-@pytest.mark.xfail(
-    reason="needs issue-20 item 4 in core/queue.py (a settle batch's timeout bounds the "
-    "whole call, not each chunk)",
-    strict=False,
-)
 def test_a_settle_batch_ends_by_its_timeout_under_a_blackhole(
     fault_target: FaultTarget, record_property: RecordProperty
 ) -> None:
@@ -361,14 +356,6 @@ def test_consumer_stop_is_bounded_under_a_blackhole(
 ) -> None:
     """stop() in a partition: the give-backs are bounded calls, run() returns on time."""
     proxied, direct = fault_target.queues(lease=10, call_timeout=CALL_TIMEOUT)
-    if proxied.capabilities.max_renew_batch < 8:  # more than one abandon call per give-back
-        request.applymarker(
-            pytest.mark.xfail(
-                reason="needs issue-20 item 4 in core/queue.py: the give-back's 2 s bound "
-                "holds per abandon call, and this backend abandons one message per call",
-                strict=False,
-            )
-        )
     direct.send_many([b"%d" % i for i in range(12)])
     release = threading.Event()
     started_handlers = threading.Semaphore(0)
