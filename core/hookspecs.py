@@ -63,6 +63,14 @@ def leasekit_lease_renewed(lease: Lease, lateness: float | None) -> None:
 
 
 @hookspec
+def leasekit_lease_checkpointed(lease: Lease, size: int) -> None:
+    """Called after a checkpoint of ``size`` bytes was saved for the lease's message.
+
+    The lease was renewed by it too (``lease.expires_at`` is the new expiry).
+    """
+
+
+@hookspec
 def leasekit_lease_lost(lease: Lease, error: LeaseLost) -> None:
     """Called once when a lease is found lost (stale or expired receipt)."""
 
