@@ -214,7 +214,9 @@ def leasekit_after_process(lease: Lease, error: BaseException | None, outcome: s
     Outcomes: ``completed``, ``stale`` (handled, but the receipt was stale on
     complete), ``abandoned`` (the handler raised; ``error`` is its exception),
     ``dead_lettered`` (poison), ``duplicate`` (idempotency store), ``lost``,
-    ``error`` (settling failed), ``abandoned_at_shutdown``. On one worker thread
+    ``error`` (settling failed), ``abandoned_at_shutdown``, and on the asyncio
+    face ``cancelled_on_loss`` (the handler's task was cancelled because its
+    lease was found lost; ``error`` is the ``LeaseLost``). On one worker thread
     the hooks nest: ``before(a)``, ``after(a)``, ``before(b)``, ...
     """
 
