@@ -73,7 +73,7 @@ class CheckpointSuite:
         return min(max(caps.min_lease, 60.0), caps.max_lease)
 
     @_checkpoint_property
-    def test_checkpoint_reaches_the_next_holder_with_body_and_properties_unchanged(
+    def test_checkpoint_reaches_the_next_holder_and_leaves_the_message_unchanged(
         self, cq: Queue, cp_long: float
     ) -> None:
         properties = {"k": "v"} if cq.capabilities.supports_properties else None
@@ -117,7 +117,7 @@ class CheckpointSuite:
         assert cq.lease(1, duration=cp_long, wait=1) == []
 
     @_checkpoint_property
-    def test_dead_lettering_discards_the_checkpoint_and_keeps_the_body(
+    def test_dead_lettering_discards_the_checkpoint_and_keeps_the_message(
         self, cq: Queue, cp_long: float
     ) -> None:
         cq.send(b"poison")
