@@ -64,6 +64,15 @@ Delivery semantics:
     else — plain text from another producer, or JSON — gives the text's UTF-8
     bytes unchanged, with no properties. The one ambiguity is plain text that
     happens to be valid base64 (``"test"``, ``"abcd1234"``): it is read as base64.
+
+    **Checkpoints** are native: ``Lease.checkpoint(data)`` is one ``Update Message``
+    that sets the new visibility and rewrites the text as the envelope with the
+    body and properties unchanged and a ``"checkpoint"`` field (base64) added —
+    no call beyond the renewal it replaces. Any leasekit reads that envelope
+    (older versions ignore the field); a consumer that only reads plain base64
+    (the Functions binding) does not, so checkpoint only on queues whose
+    consumers are leasekit. The body, properties and checkpoint share the 64 KiB
+    of text: a checkpoint that does not fit is ``MessageTooLarge``, with no call.
     Producers that share a queue with leasekit consumers should base64-encode
     (as the Functions binding and ``BinaryBase64EncodePolicy``/``TextBase64EncodePolicy``
     do). The original text is always at ``lease.raw.content``.
@@ -139,6 +148,7 @@ from leasekit.options import as_float, as_int, as_object, as_text
 from leasekit.redaction import install_log_redaction
 from leasekit.registry import BackendSpec
 from leasekit.spi import (
+    CheckpointEntry,
     Driver,
     DriverError,
     ErrorCode,
@@ -154,7 +164,7 @@ from leasekit.url import check_endpoint
 if TYPE_CHECKING:
     from azure.storage.queue import QueueClient, QueueMessage, QueueServiceClient
 
-__all__ = ["AzureStorageQueueDriver", "decode_message", "encode_message"]
+__all__ = ["AzureStorageQueueDriver", "decode_message", "decode_text", "encode_message"]
 
 WEEK = 7 * 24 * 3600
 #: Seconds to wait for a connection (a dead endpoint fails this fast).
@@ -242,15 +252,20 @@ def leasekit_add_backends() -> list[BackendSpec]:
 # ------------------------------------------------------------------ encoding
 
 
-def encode_message(body: bytes, properties: Mapping[str, str] | None = None) -> str:
-    """The message text leasekit stores for ``body`` and ``properties``.
+def encode_message(
+    body: bytes, properties: Mapping[str, str] | None = None, *, checkpoint: bytes | None = None
+) -> str:
+    """The message text leasekit stores for ``body``, ``properties`` and a ``checkpoint``.
 
-    Plain base64 without properties; the ASCII JSON envelope with them.
+    Plain base64 without properties or checkpoint; the ASCII JSON envelope with
+    them (the checkpoint as the envelope's ``"checkpoint"`` field, base64).
     """
     text = base64.b64encode(body).decode("ascii")
-    if not properties:
+    if not properties and checkpoint is None:
         return text
-    envelope = {"leasekit": ENVELOPE_VERSION, "properties": dict(properties), "body": text}
+    envelope = {"leasekit": ENVELOPE_VERSION, "properties": dict(properties or {}), "body": text}
+    if checkpoint is not None:
+        envelope["checkpoint"] = base64.b64encode(checkpoint).decode("ascii")
     return json.dumps(envelope, separators=(",", ":"), ensure_ascii=True)
 
 
@@ -260,19 +275,25 @@ def decode_message(text: str | None) -> tuple[bytes, dict[str, str]]:
     A leasekit envelope gives both; strict base64 gives the decoded bytes;
     any other text gives its UTF-8 bytes and no properties.
     """
+    body, properties, _ = decode_text(text)
+    return body, properties
+
+
+def decode_text(text: str | None) -> tuple[bytes, dict[str, str], bytes | None]:
+    """Body, properties and checkpoint of a message text (``None``: no checkpoint)."""
     if not text:
-        return b"", {}
+        return b"", {}, None
     if text.startswith(ENVELOPE_PREFIX):
         decoded = _decode_envelope(text)
         if decoded is not None:
             return decoded
     try:
-        return base64.b64decode(text, validate=True), {}
+        return base64.b64decode(text, validate=True), {}, None
     except ValueError:  # binascii.Error, or non-ASCII text
-        return text.encode("utf-8", "surrogatepass"), {}
+        return text.encode("utf-8", "surrogatepass"), {}, None
 
 
-def _decode_envelope(text: str) -> tuple[bytes, dict[str, str]] | None:
+def _decode_envelope(text: str) -> tuple[bytes, dict[str, str], bytes | None] | None:
     try:
         envelope = json.loads(text)
     except ValueError:
@@ -286,9 +307,15 @@ def _decode_envelope(text: str) -> tuple[bytes, dict[str, str]] | None:
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in properties.items()):
         return None
     try:
-        return base64.b64decode(body, validate=True), properties
+        decoded = base64.b64decode(body, validate=True)
     except binascii.Error:
         return None
+    checkpoint = envelope.get("checkpoint")
+    try:  # a malformed checkpoint field is no checkpoint: the message itself is intact
+        saved = base64.b64decode(checkpoint, validate=True) if isinstance(checkpoint, str) else None
+    except binascii.Error:
+        saved = None
+    return decoded, properties, saved
 
 
 # ------------------------------------------------------------------- helpers
@@ -405,6 +432,7 @@ CAPABILITIES = Capabilities(
     queue_stats=True,
     counts=frozenset({"total"}),
     inspect_dead_letters=True,
+    native_checkpoint=True,
 )
 
 
@@ -633,7 +661,7 @@ class AzureStorageQueueDriver(Driver):
         return [self._raw(m) for m in page]
 
     def _raw(self, message: QueueMessage) -> RawMessage:
-        body, properties = decode_message(message.content)
+        body, properties, checkpoint = decode_text(message.content)
         return RawMessage(
             id=message.id,
             body=body,
@@ -643,6 +671,7 @@ class AzureStorageQueueDriver(Driver):
             visible_until=_when(message.next_visible_on),
             properties=properties,
             raw=message,
+            checkpoint=checkpoint,
         )
 
     def change_visibility(
@@ -665,6 +694,42 @@ class AzureStorageQueueDriver(Driver):
             )
 
         return each(receipts, update)
+
+    def checkpoint(
+        self, entries: Sequence[CheckpointEntry], seconds: float
+    ) -> list[Visibility | BaseException]:
+        """``Update Message`` for each with the new text and visibility: one request, no extra.
+
+        The text is the envelope with the body and properties as received and
+        the checkpoint added; a text over 64 KiB is refused with no request.
+        """
+        whole = _whole_seconds(seconds)
+
+        def update(entry: CheckpointEntry) -> Visibility:
+            message_id, pop_receipt = _receipt_parts(entry.receipt)
+            message = entry.message
+            text = encode_message(message.body, message.properties, checkpoint=entry.data)
+            if len(text) > MAX_TEXT:
+                raise DriverError(
+                    ErrorCode.TOO_LARGE,
+                    f"the body ({len(message.body)} bytes), properties and a checkpoint of "
+                    f"{len(entry.data)} bytes encode to {len(text)} characters; Azure Storage "
+                    f"Queue takes at most {MAX_TEXT}",
+                    backend_code="RequestBodyTooLarge",
+                )
+            updated = self._client.update_message(
+                message_id,
+                pop_receipt,
+                content=text,
+                visibility_timeout=whole,
+                **self._timeouts(),
+            )
+            return Visibility(
+                receipt=f"{message_id}:{updated.pop_receipt}",
+                visible_until=_when(updated.next_visible_on),
+            )
+
+        return each(entries, update)
 
     def delete(self, receipts: Sequence[str]) -> list[BaseException | None]:
         """``Delete Message`` for each, with its pop receipt (the service has no batch delete)."""

@@ -13,6 +13,8 @@ Delivery semantics:
     receipt; a stale one is refused (``LeaseLost``). A receipt whose lease expired
     but whose message nobody re-leased still works. Renew keeps the receipt unless
     ``rotate_receipts=True`` (which imitates Azure Storage Queue's pop receipts).
+    Checkpoints are native: kept with the message (up to ``max_message_size``
+    bytes), handed to every later holder, dropped with the message.
     Delivery order: by visibility time, then send order.
 
 Limits:
@@ -48,6 +50,7 @@ from leasekit.hookspecs import hookimpl
 from leasekit.options import as_bool, as_int, as_object
 from leasekit.registry import BackendSpec
 from leasekit.spi import (
+    CheckpointEntry,
     DeadLetter,
     Driver,
     DriverError,
@@ -92,6 +95,7 @@ class _Record:
     seq: int
     delivery_count: int = 0
     receipt: str | None = None
+    checkpoint: bytes | None = None
     version: int = 0
     #: Key of this record's live heap entry (may be earlier than visible_at: lazy).
     heap_at: float = 0.0
@@ -189,6 +193,14 @@ def _lost(what: str) -> DriverError:
     return DriverError(ErrorCode.LEASE_LOST, what, backend_code="LeaseLost")
 
 
+def _too_large(size: int, limit: int) -> DriverError:
+    return DriverError(
+        ErrorCode.TOO_LARGE,
+        f"a checkpoint of {size} bytes is over this queue's {limit}-byte limit",
+        backend_code="CheckpointTooLarge",
+    )
+
+
 #: The defaults (shown by ``leasekit backends``); options can change some per queue.
 CAPABILITIES = Capabilities(
     min_lease=0.01,
@@ -212,6 +224,7 @@ CAPABILITIES = Capabilities(
     queue_stats=True,
     counts=frozenset({"visible", "leased", "delayed", "dead_lettered"}),
     inspect_dead_letters=True,
+    native_checkpoint=True,
 )
 
 
@@ -355,6 +368,7 @@ class MemoryDriver(Driver):
                     enqueued_at=to_datetime(rec.enqueued_at),
                     visible_until=to_datetime(rec.visible_at),
                     properties=dict(rec.properties),
+                    checkpoint=rec.checkpoint,
                 )
             )
         return out
@@ -381,6 +395,33 @@ class MemoryDriver(Driver):
                 results.append(Visibility(rec.receipt, until))
             if seconds <= 0:
                 self.broker.cond.notify_all()
+        return results
+
+    def checkpoint(
+        self, entries: Sequence[CheckpointEntry], seconds: float
+    ) -> list[Visibility | BaseException]:
+        """Keep each checkpoint with its message and hide it for ``seconds``, under one lock."""
+        results: list[Visibility | BaseException] = []
+        limit = self.capabilities.max_message_size
+        with self.broker.cond:
+            q = self._q()
+            now = self._clock.time()
+            until = to_datetime(now + seconds)
+            for entry in entries:
+                if len(entry.data) > limit:
+                    results.append(_too_large(len(entry.data), limit))
+                    continue
+                try:
+                    rec = self._held(q, entry.receipt, now)
+                except DriverError as exc:
+                    results.append(exc)
+                    continue
+                rec.checkpoint = bytes(entry.data)
+                q.move(rec, now + seconds)
+                if self._rotate:
+                    rec.receipt = f"{rec.id}:{secrets.token_hex(8)}"
+                assert rec.receipt is not None
+                results.append(Visibility(rec.receipt, until))
         return results
 
     def abandon(self, receipts: Sequence[str], delay: float) -> list[BaseException | None]:

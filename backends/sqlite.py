@@ -13,6 +13,9 @@ Delivery semantics:
     handed to two holders. Each delivery gets a fresh receipt (``seq.token``),
     so a stale receipt is refused (``LeaseLost``); a receipt whose lease expired
     but whose message nobody re-leased still works. Renew keeps the receipt.
+    Checkpoints are native: a column of the message's row (up to
+    ``max_message_size`` bytes), written in the same statement as the renewal
+    and only while the receipt is current; deleted with the message.
     Delivery order: by visibility time, then send order. Dead letters go to a
     table in the same file. The file uses WAL; with ``synchronous=NORMAL`` (the
     default) a power loss can lose the last transactions but never corrupts the
@@ -36,6 +39,7 @@ Errors:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -52,6 +56,7 @@ from leasekit.hookspecs import hookimpl
 from leasekit.options import as_choice, as_float, as_int, as_object, as_text
 from leasekit.registry import BackendSpec
 from leasekit.spi import (
+    CheckpointEntry,
     DeadLetter,
     Driver,
     DriverError,
@@ -93,7 +98,8 @@ CREATE TABLE IF NOT EXISTS leasekit_messages (
     visible_at REAL NOT NULL,
     expires_at REAL,
     delivery_count INTEGER NOT NULL DEFAULT 0,
-    receipt TEXT
+    receipt TEXT,
+    checkpoint BLOB
 );
 CREATE INDEX IF NOT EXISTS leasekit_messages_ready
     ON leasekit_messages (queue, visible_at, seq);
@@ -130,10 +136,12 @@ SET visible_at = ?,
     delivery_count = delivery_count + 1,
     receipt = CAST(seq AS TEXT) || '.' || lower(hex(randomblob(8)))
 WHERE seq IN ({})
-RETURNING seq, id, body, properties, enqueued_at, delivery_count, receipt
+RETURNING seq, id, body, properties, enqueued_at, delivery_count, receipt, checkpoint
 """
 
 _HELD = "seq = ? AND receipt = ? AND queue = ? AND (expires_at IS NULL OR expires_at > ?)"
+#: A checkpoint: the data and the new visibility, only while the receipt is current.
+_CHECKPOINT = f"UPDATE leasekit_messages SET visible_at = ?, checkpoint = ? WHERE {_HELD}"
 
 #: The lease columns of ``leasekit_dead_letters`` (for re-driving), added to a
 #: file made before they existed.
@@ -211,6 +219,7 @@ CAPABILITIES = Capabilities(
     queue_stats=True,
     counts=frozenset({"visible", "leased", "delayed", "dead_lettered"}),
     inspect_dead_letters=True,
+    native_checkpoint=True,
 )
 
 
@@ -294,6 +303,7 @@ class SqliteDriver(Driver):
         conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
         conn.executescript(SCHEMA)
         _add_dead_letter_lease_columns(conn)
+        _add_checkpoint_column(conn)
         self._conn = conn
         return conn
 
@@ -383,8 +393,9 @@ class SqliteDriver(Driver):
                 enqueued_at=to_datetime(enqueued_at),
                 visible_until=until,
                 properties=json.loads(props) if props else {},
+                checkpoint=None if checkpoint is None else bytes(checkpoint),
             )
-            for _, message_id, body, props, enqueued_at, count, receipt in rows
+            for _, message_id, body, props, enqueued_at, count, receipt, checkpoint in rows
         ]
 
     def _purge(self, conn: sqlite3.Connection, now: float) -> None:
@@ -406,6 +417,42 @@ class SqliteDriver(Driver):
             until,
             lambda receipt: Visibility(receipt, to_datetime(until)),
         )
+
+    def checkpoint(
+        self, entries: Sequence[CheckpointEntry], seconds: float
+    ) -> list[Visibility | BaseException]:
+        """Write each checkpoint and the new visibility in one statement each, one transaction."""
+        results: list[Visibility | BaseException] = []
+        limit = self.capabilities.max_message_size
+        with self._lock:
+            conn = self._connection()
+            now = self._clock.time()
+            until = now + seconds
+            with self._write(conn):
+                for entry in entries:
+                    if len(entry.data) > limit:
+                        results.append(
+                            DriverError(
+                                ErrorCode.TOO_LARGE,
+                                f"a checkpoint of {len(entry.data)} bytes is over this "
+                                f"queue's {limit}-byte limit",
+                                backend_code="CheckpointTooLarge",
+                            )
+                        )
+                        continue
+                    receipt = entry.receipt
+                    cursor = conn.execute(
+                        _CHECKPOINT,
+                        (until, entry.data, _seq_of(receipt), receipt, self.queue, now),
+                    )
+                    if cursor.rowcount == 1:
+                        results.append(Visibility(receipt, to_datetime(until)))
+                    else:
+                        self._exists(conn)
+                        results.append(
+                            _lost(f"receipt {receipt!r} is stale or its message is gone")
+                        )
+        return results
 
     def abandon(self, receipts: Sequence[str], delay: float) -> list[BaseException | None]:
         """Release the messages, visible again after ``delay``; their receipts stop working.
@@ -727,6 +774,14 @@ class _Transaction:
             self.conn.execute("COMMIT")
         else:
             self.conn.execute("ROLLBACK")
+
+
+def _add_checkpoint_column(conn: sqlite3.Connection) -> None:
+    """Give a file made before checkpoints existed its ``checkpoint`` column (once, idempotent)."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(leasekit_messages)")}
+    if "checkpoint" not in columns:
+        with contextlib.suppress(sqlite3.OperationalError):  # another process added it first
+            conn.execute("ALTER TABLE leasekit_messages ADD COLUMN checkpoint BLOB")
 
 
 def _seq_of(receipt: str) -> int:

@@ -23,11 +23,13 @@ or build it into a backend's own tests::
 from __future__ import annotations
 
 from .async_harness import AsyncUrlHarness
+from .checkpoint_suite import CheckpointSuite
 from .harness import CountingDriver, Harness, UrlHarness
 from .suite import ConformanceSuite, conformance_property
 
 __all__ = [
     "AsyncUrlHarness",
+    "CheckpointSuite",
     "ConformanceSuite",
     "CountingDriver",
     "Harness",

@@ -96,6 +96,10 @@ class BlockingLease:
         """``await lease.renew(duration)``."""
         self._queue.loop.run(self.alease.renew(duration))
 
+    def checkpoint(self, data: bytes) -> None:
+        """``await lease.checkpoint(data)``."""
+        self._queue.loop.run(self.alease.checkpoint(data))
+
     def complete(self) -> None:
         """``await lease.complete()``."""
         self._queue.loop.run(self.alease.complete())
@@ -148,6 +152,16 @@ class BlockingQueue:
     def default_lease_duration(self) -> float:
         """The physical lease used when a call gives none."""
         return self.aqueue.default_lease_duration
+
+    @property
+    def checkpoint_store(self) -> Any:
+        """Where checkpoints go on a backend that cannot keep them, or ``None``."""
+        return self.aqueue.checkpoint_store
+
+    @property
+    def can_checkpoint(self) -> bool:
+        """Whether leases of this queue can checkpoint."""
+        return self.aqueue.can_checkpoint
 
     def __repr__(self) -> str:
         return f"<BlockingQueue over {self.aqueue!r}>"

@@ -115,6 +115,7 @@ BACKEND_CALLS = (
     "send",
     "receive",
     "change_visibility",
+    "checkpoint",
     "delete",
     "abandon",
     "dead_letter",

@@ -42,6 +42,7 @@ from leasekit import (
 from leasekit.capabilities import COUNT_FIELDS
 from leasekit.queue import Queue
 
+from .checkpoint_suite import CheckpointSuite
 from .harness import CountingDriver, Harness
 
 __all__ = ["ConformanceSuite", "conformance_property"]
@@ -146,8 +147,11 @@ def _wait_redelivery(queue: Queue, duration: float, lease_duration: float) -> Le
     return _lease_one(queue, lease_duration, wait=duration + MARGIN)
 
 
-class ConformanceSuite:
-    """Mixin of conformance tests; a subclass supplies a ``harness`` fixture."""
+class ConformanceSuite(CheckpointSuite):
+    """Mixin of conformance tests; a subclass supplies a ``harness`` fixture.
+
+    The checkpoint section (:class:`~leasekit.conformance.CheckpointSuite`) is included.
+    """
 
     # ------------------------------------------------------------- fixtures
 

@@ -17,6 +17,7 @@ for vendors is :mod:`leasekit.spi`.
 from __future__ import annotations
 
 from .capabilities import Capabilities
+from .checkpoints import CheckpointStore, MemoryCheckpointStore, SqliteCheckpointStore
 from .clock import Clock, ManualClock, SystemClock
 from .consumer import Consumer, ConsumerStats
 from .duration_policy import AdaptiveLeaseDuration, FixedLeaseDuration, LeaseDurationPolicy
@@ -62,6 +63,7 @@ __all__ = [
     "BackendSpec",
     "BackendUnavailable",
     "Capabilities",
+    "CheckpointStore",
     "Clock",
     "Consumer",
     "ConsumerStats",
@@ -84,6 +86,7 @@ __all__ = [
     "LeaseState",
     "LeaseStateError",
     "ManualClock",
+    "MemoryCheckpointStore",
     "MemoryIdempotencyStore",
     "Message",
     "MessageTooLarge",
@@ -94,6 +97,7 @@ __all__ = [
     "QueueStats",
     "RetryPolicy",
     "SendIncomplete",
+    "SqliteCheckpointStore",
     "SqliteIdempotencyStore",
     "SystemClock",
     "UnsupportedOperation",

@@ -53,6 +53,7 @@ from typing import Any, TypeVar
 
 from . import arguments, errors
 from .capabilities import Capabilities
+from .checkpoints import CheckpointStore
 from .events import Events
 from .keeper import KeeperStats, LeaseKeeper
 from .lease import Lease
@@ -329,6 +330,16 @@ class AsyncQueue:
     def threads(self) -> int:
         """The thread pool's size for backend calls."""
         return self._threads
+
+    @property
+    def checkpoint_store(self) -> CheckpointStore | None:
+        """Where checkpoints go on a backend that cannot keep them (see :class:`leasekit.Queue`)."""
+        return self._queue.checkpoint_store
+
+    @property
+    def can_checkpoint(self) -> bool:
+        """Whether :meth:`AsyncLease.checkpoint` works (natively or with a store)."""
+        return self._queue.can_checkpoint
 
     def __repr__(self) -> str:
         return f"<AsyncQueue {self._queue.driver.scheme}:{self.name}>"
@@ -641,6 +652,14 @@ class AsyncLease:
     async def renew(self, duration: float | None = None) -> None:
         """Keep the message invisible for ``duration`` more seconds (see :meth:`Lease.renew`)."""
         await self._queue._run(self._lease.renew, duration)
+
+    async def checkpoint(self, data: bytes) -> None:
+        """Save ``data`` as the message's progress; the lease stays held (:meth:`Lease.checkpoint`).
+
+        Cancelled while the call is in flight, the call still ends on its own
+        (its thread cannot be interrupted): the checkpoint may or may not be saved.
+        """
+        await self._queue._run(self._lease.checkpoint, data)
 
     async def complete(self) -> None:
         """Delete the message: it is never delivered again (see :meth:`Lease.complete`)."""

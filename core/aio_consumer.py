@@ -36,6 +36,7 @@ from .worker_policy import (
     SHUTDOWN_CALL_TIMEOUT,
     ConsumerStats,
     Failure,
+    HandlerStopped,
     MessageFlow,
     Outcome,
     Pause,
@@ -56,6 +57,9 @@ _log = logging.getLogger("leasekit.aio")
 #: before it raises (they go on; a lease whose completion fails comes back when
 #: its physical lease ends).
 CANCEL_SETTLE_WAIT = 0.5
+#: Least pause between two looks at a running handler's lease deadline (a lease
+#: nobody renews any more is marked lost there, and its handler cancelled).
+LOST_POLL = 0.05
 #: A running AsyncConsumer stamps its event loop's tick this often, so its health
 #: shows a blocked loop (a handler doing CPU work or blocking I/O) as it happens.
 LOOP_TICK = 0.25
@@ -434,15 +438,57 @@ class AsyncConsumer:
             result = error = None
             try:
                 if isinstance(step, RunHandler):
-                    lease = step.lease
-                    pass_lease = self.settings.pass_lease
-                    await self.handler(
-                        AsyncLease(self.queue, lease) if pass_lease else lease.message
-                    )
+                    await self._run_handler(step.lease)
                 else:
                     result = await self.queue._run(step.fn)
             except Exception as exc:
                 error = exc
+
+    async def _run_handler(self, lease: Lease) -> None:
+        """Await the handler in a task of its own, cancelled if its lease is found lost.
+
+        The lease is found lost by the keeper (at its deadline, or a renewal
+        refused) or, once nothing renews it (``max_lifetime``), by a timer here
+        at its deadline. A handler stopped so raises :class:`HandlerStopped`
+        into the flow, however it ended after the cancel; the worker's own
+        cancellation (shutdown, ``run()`` cancelled) cancels the handler too and
+        goes on as a cancellation.
+        """
+        loop = asyncio.get_running_loop()
+        argument = AsyncLease(self.queue, lease) if self.settings.pass_lease else lease.message
+        handler = asyncio.ensure_future(self.handler(argument))  # copies the context (spans)
+        stopped = False
+        timer: asyncio.TimerHandle | None = None
+
+        def stop() -> None:
+            nonlocal stopped
+            if not handler.done() and handler.cancel():
+                stopped = True
+
+        def lost(_lease: Lease, _error: errors.LeaseLost) -> None:
+            loop.call_soon_threadsafe(stop)  # from the keeper's thread, or at once here
+
+        def watch() -> None:
+            nonlocal timer
+            timer = None
+            if handler.done() or lease.state is not LeaseState.HELD:
+                return
+            if lease.expire(reason="nothing renewed it while its handler ran") is None:
+                timer = loop.call_later(max(LOST_POLL, lease.time_left), watch)
+
+        lease.on_lost(lost)
+        timer = loop.call_later(max(LOST_POLL, lease.time_left), watch)
+        try:
+            await handler
+        except asyncio.CancelledError:
+            if not stopped or _cancelling():
+                raise
+        finally:
+            lease.remove_on_lost(lost)
+            if timer is not None:
+                timer.cancel()
+        if stopped:
+            raise HandlerStopped(lease.lost_error)
 
     async def _complete(self, lease: Lease, keeper: LeaseKeeper, completer: _Completer) -> Failure:
         """Complete in a shared batch; retry a transient failure (``retry_flow``).
@@ -567,6 +613,12 @@ class AsyncConsumer:
     def _on_signal(self, signum: int) -> None:
         _log.info("signal %d: stopping the consumer gracefully", signum)
         self.stop()
+
+
+def _cancelling() -> bool:
+    """Whether the current task itself is being cancelled (not only what it awaits)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 async def _wait(awaitable: Awaitable[Any], timeout: float) -> None:

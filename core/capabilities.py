@@ -95,6 +95,9 @@ class Capabilities:
     counts: frozenset[str] = frozenset()
     #: Dead-lettered messages can be read back (``Queue.peek_dead_letters``).
     inspect_dead_letters: bool = False
+    #: The backend keeps a checkpoint with the message (``Driver.checkpoint``):
+    #: ``Lease.checkpoint`` needs no store (see :mod:`leasekit.checkpoints`).
+    native_checkpoint: bool = False
 
     def __post_init__(self) -> None:
         if not (0 <= self.min_lease <= self.max_lease):

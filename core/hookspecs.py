@@ -63,6 +63,14 @@ def leasekit_lease_renewed(lease: Lease, lateness: float | None) -> None:
 
 
 @hookspec
+def leasekit_lease_checkpointed(lease: Lease, size: int) -> None:
+    """Called after a checkpoint of ``size`` bytes was saved for the lease's message.
+
+    The lease was renewed by it too (``lease.expires_at`` is the new expiry).
+    """
+
+
+@hookspec
 def leasekit_lease_lost(lease: Lease, error: LeaseLost) -> None:
     """Called once when a lease is found lost (stale or expired receipt)."""
 
@@ -206,7 +214,9 @@ def leasekit_after_process(lease: Lease, error: BaseException | None, outcome: s
     Outcomes: ``completed``, ``stale`` (handled, but the receipt was stale on
     complete), ``abandoned`` (the handler raised; ``error`` is its exception),
     ``dead_lettered`` (poison), ``duplicate`` (idempotency store), ``lost``,
-    ``error`` (settling failed), ``abandoned_at_shutdown``. On one worker thread
+    ``error`` (settling failed), ``abandoned_at_shutdown``, and on the asyncio
+    face ``cancelled_on_loss`` (the handler's task was cancelled because its
+    lease was found lost; ``error`` is the ``LeaseLost``). On one worker thread
     the hooks nest: ``before(a)``, ``after(a)``, ``before(b)``, ...
     """
 

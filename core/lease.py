@@ -148,6 +148,22 @@ class Lease:
         """
         _raise_first(self._queue.renew_many([self], duration))
 
+    def checkpoint(self, data: bytes) -> None:
+        """Save ``data`` as this message's progress; the lease stays held (and is renewed).
+
+        The next holder reads it as ``message.checkpoint`` and resumes from there;
+        the body and properties do not change. Completing or dead-lettering the
+        message discards it. See :meth:`Queue.checkpoint`.
+
+        Raises:
+            UnsupportedOperation: the backend keeps no checkpoints and the queue was
+                opened without a ``checkpoint_store``.
+            LeaseLost: the receipt is stale or a later holder saved a checkpoint
+                (nothing was saved; the lease is marked lost).
+            LeaseStateError: the lease was already settled.
+        """
+        self._queue.checkpoint(self, data)
+
     def complete(self) -> None:
         """Delete the message: it is never delivered again.
 

@@ -17,6 +17,7 @@ leases, at least :data:`MIN_SETTLE_TIMEOUT`), as does a renewal given a
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
@@ -28,7 +29,7 @@ from .deadline import deadline, time_left
 from .events import Events
 from .lease_record import RENEW, SETTLE
 from .message import LeaseState
-from .spi import Visibility
+from .spi import CheckpointEntry, Visibility
 
 if TYPE_CHECKING:
     from .lease import Lease
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
 __all__ = ["MIN_SETTLE_TIMEOUT", "LeaseOperations", "SettleSpec"]
 
 T = TypeVar("T")
+
+_log = logging.getLogger("leasekit")
 
 #: Least time a settle call gets even when the lease's time is (nearly) up: a
 #: receipt past its expiry may still be honoured, and settling late harms nobody.
@@ -113,6 +116,8 @@ class LeaseOperations:
         ):
             try:
                 self._settle_batches(leases, spec, limit, results, done)
+                if spec.state is LeaseState.COMPLETED:
+                    self.discard_checkpoints(done)
             finally:
                 if done and queue.events.observed(spec.hook):
                     for lease in done:
@@ -191,7 +196,104 @@ class LeaseOperations:
                 record.release()
                 raise
             record.settled(LeaseState.DEAD_LETTERED)
+            self.discard_checkpoints([lease])
             queue.events.emit("leasekit_lease_dead_lettered", lease=lease, reason=reason)
+
+    # ------------------------------------------------------------ checkpoint
+
+    def checkpoint_native(self, lease: Lease, data: bytes, limit: float | None) -> None:
+        """Save ``data`` with the message and renew it for its last duration, in one call.
+
+        For a backend with ``native_checkpoint``. The lease is taken as for a
+        renewal (a keeper's renewal in flight is waited for), and the new
+        receipt and expiry recorded; raises the entry's error (a
+        :class:`LeaseLost` marks the lease lost and nothing was saved).
+        """
+        queue = self._queue
+        record = lease._record
+        taken = record.take(RENEW, "checkpoint", lease.message.id)
+        if isinstance(taken, BaseException):
+            raise taken
+        seconds = record.duration
+        entry = CheckpointEntry(taken, lease.raw_message, data)
+        try:
+            timeout = self.lease_timeout([lease], limit, settle=False)
+            started = time.monotonic()
+            with deadline(timeout):
+                [result] = queue._call(
+                    "checkpoint", partial(queue.driver.checkpoint, [entry], seconds)
+                )
+        except errors.LeaseError as exc:
+            record.failed(exc)
+            raise
+        except BaseException:
+            record.release()
+            raise
+        if not isinstance(result, Visibility):
+            failure = queue._entry_error(result, "checkpoint")
+            record.failed(failure)
+            raise failure
+        lost = record.renewed(
+            result.receipt,
+            result.visible_until,
+            seconds,
+            started,
+            late_is_lost=not queue.capabilities.detects_stale_receipts,
+        )
+        if lost is not None:
+            raise lost
+        record.checkpointed()
+
+    def checkpoint_stored(self, lease: Lease, data: bytes, limit: float | None) -> None:
+        """Renew the lease (the service confirms the receipt), then save ``data`` in the store.
+
+        The save carries ``delivery_count`` as its generation: a store that holds
+        a later holder's checkpoint refuses it, and the lease is marked lost (see
+        :mod:`leasekit.checkpoints`).
+        """
+        queue = self._queue
+        store = queue.checkpoint_store
+        assert store is not None
+        renewed = queue.renew_many([lease], timeout=limit)[0]
+        if renewed is not None:
+            raise renewed
+        message = lease.message
+        try:
+            written = store.save(message.id, data, message.delivery_count)
+        except errors.LeaseError:
+            raise
+        except Exception as exc:
+            raise errors.BackendError(
+                f"checkpoint of message {message.id!r}: the checkpoint store failed: {exc!r}"
+            ) from exc
+        if not written:
+            error = errors.LeaseLost(
+                f"checkpoint of message {message.id!r} refused: a later delivery of it "
+                f"(after delivery {message.delivery_count}) saved a checkpoint already"
+            )
+            lease._record.lose(error)
+            raise error
+        lease._record.checkpointed()
+
+    def discard_checkpoints(self, leases: Sequence[Lease]) -> None:
+        """Forget the stored checkpoints of completed or dead-lettered leases (store only).
+
+        Only messages that had one (read at receive, or saved by this holder) cost
+        a store call; a failure is logged, never raised: the entry is then never
+        read again (the message is gone) and the store's retention purges it.
+        """
+        store = self._queue.checkpoint_store
+        if store is None:
+            return
+        for lease in leases:
+            if lease.message.checkpoint is None and not lease._record.checkpoints:
+                continue
+            try:
+                store.discard(lease.message.id)
+            except Exception as exc:
+                _log.warning(
+                    "could not discard the checkpoint of message %r: %r", lease.message.id, exc
+                )
 
     # ----------------------------------------------------------------- renew
 

@@ -65,6 +65,7 @@ class LeaseRecord:
         "_mutex",
         "_on_lost",
         "busy",
+        "checkpoints",
         "deadline",
         "duration",
         "expires_at",
@@ -92,6 +93,8 @@ class LeaseRecord:
         #: The operation in flight (``RENEW`` or ``SETTLE``), or ``None``.
         self.busy: str | None = None
         self.lost_error: LeaseLost | None = None
+        #: Checkpoints this holder saved (:meth:`checkpointed`).
+        self.checkpoints = 0
         self._mutex = threading.Lock()
         self._idle = threading.Condition(self._mutex)  # notified when ``busy`` clears
         self._on_lost: list[Callable[[Lease, LeaseLost], None]] = []
@@ -204,6 +207,11 @@ class LeaseRecord:
                 return None
         self.lose(error)
         return error
+
+    def checkpointed(self) -> None:
+        """Record that a checkpoint of this holder was saved (after the call that saved it)."""
+        with self._mutex:
+            self.checkpoints += 1
 
     def settled(self, state: LeaseState) -> None:
         """Record that the lease was completed, abandoned or dead-lettered."""

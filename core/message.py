@@ -16,7 +16,9 @@ class Message:
 
     ``id`` is stable across redeliveries (use it for idempotency);
     ``delivery_count`` is 1 on first delivery and grows by one each time the
-    message is leased again.
+    message is leased again. ``checkpoint`` is the progress the last earlier
+    holder saved with :meth:`leasekit.Lease.checkpoint` (``None`` if none did);
+    checkpoints never change ``body`` or ``properties``.
     """
 
     id: str
@@ -24,6 +26,7 @@ class Message:
     delivery_count: int
     enqueued_at: datetime
     properties: Mapping[str, str] = field(default_factory=dict)
+    checkpoint: bytes | None = field(default=None, repr=False)
 
 
 class LeaseState(enum.Enum):

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from . import arguments, errors
 from .capabilities import Capabilities
+from .checkpoints import CheckpointStore
 from .dead_letters import DeadLetters, with_total
 from .deadline import deadline
 from .error_mapping import wrap_error
@@ -84,6 +85,10 @@ class Queue:
             when nothing tighter bounds it (default ``DEFAULT_CALL_TIMEOUT``). A
             renewal never outlives the lease it renews, a settle is bounded by
             the lease's time left, and a receive gets this beyond its long poll.
+        checkpoint_store: where :meth:`Lease.checkpoint` saves progress on a
+            backend without ``capabilities.native_checkpoint`` (see
+            :mod:`leasekit.checkpoints`); unused where the backend keeps
+            checkpoints itself. The caller keeps it (``close()`` leaves it open).
 
     A queue is thread-safe and a context manager; :meth:`close` releases the
     backend's connections. It sends, receives and runs the admin calls
@@ -101,6 +106,7 @@ class Queue:
         retry: RetryPolicy | None = None,
         hooks: Any = None,
         call_timeout: float | None = None,
+        checkpoint_store: CheckpointStore | None = None,
     ) -> None:
         if not isinstance(driver, Driver):
             raise errors.InvalidArgument(f"driver must be a leasekit Driver, got {driver!r}")
@@ -108,7 +114,14 @@ class Queue:
             raise errors.InvalidArgument(
                 f"retry must be a leasekit.RetryPolicy or None, got {type(retry).__name__}"
             )
+        if checkpoint_store is not None and not isinstance(checkpoint_store, CheckpointStore):
+            raise errors.InvalidArgument(
+                "checkpoint_store must have load(), save(), discard() and close() "
+                f"(a leasekit.CheckpointStore), got {checkpoint_store!r}"
+            )
         self._driver = driver
+        # Native checkpoints win: a store given for a backend that keeps them is unused.
+        self._checkpoint_store = None if driver.capabilities.native_checkpoint else checkpoint_store
         self._retry = retry or RetryPolicy()
         self._call_timeout = arguments.timeout(call_timeout, "call_timeout") or (
             DEFAULT_CALL_TIMEOUT
@@ -155,6 +168,16 @@ class Queue:
     def call_timeout(self) -> float:
         """The longest one backend call may take when nothing tighter bounds it."""
         return self._call_timeout
+
+    @property
+    def checkpoint_store(self) -> CheckpointStore | None:
+        """The store checkpoints go to, or ``None`` (none given, or the backend keeps them)."""
+        return self._checkpoint_store
+
+    @property
+    def can_checkpoint(self) -> bool:
+        """Whether :meth:`Lease.checkpoint` works: natively, or with a ``checkpoint_store``."""
+        return self.capabilities.native_checkpoint or self._checkpoint_store is not None
 
     def __repr__(self) -> str:
         return f"<Queue {self._driver.scheme}:{self.name}>"
@@ -721,6 +744,45 @@ class Queue:
         self._require_open()
         self._operations.dead_letter(lease, reason, limit, self._dead_letters.move)
 
+    def checkpoint(self, lease: Lease, data: bytes, *, timeout: float | None = None) -> None:
+        """Save ``data`` as the progress of ``lease``'s message; the lease stays held.
+
+        The next holder of the message reads it as ``lease.message.checkpoint``.
+        A checkpoint also renews the lease for its last duration: natively in the
+        same call (Azure Storage Queue's Update Message; SQLite and memory keep it
+        with the message); elsewhere the renewal confirms the receipt is current
+        and the ``checkpoint_store`` is written after it (see
+        :mod:`leasekit.checkpoints`).
+
+        Raises:
+            InvalidArgument: ``data`` is not bytes, or a lease of another queue.
+            UnsupportedOperation: the backend keeps no checkpoints and no
+                ``checkpoint_store`` was given to :func:`leasekit.open`.
+            MessageTooLarge: the backend cannot hold this much with the message.
+            LeaseLost: the receipt is stale, or a later holder saved a checkpoint
+                (the lease is marked lost; nothing was saved).
+            LeaseStateError: the lease was already settled.
+        """
+        self._check_own([lease])
+        if not isinstance(data, bytes):
+            raise errors.InvalidArgument(
+                f"a checkpoint is bytes, got {type(data).__name__} (encode it yourself)"
+            )
+        limit = arguments.timeout(timeout)
+        self._require_open()
+        native = self.capabilities.native_checkpoint
+        if not native and self._checkpoint_store is None:
+            raise errors.UnsupportedOperation(
+                f"{self._driver.scheme} cannot keep a checkpoint with the message; give "
+                "leasekit.open(..., checkpoint_store=leasekit.SqliteCheckpointStore(path)) "
+                "(the checkpoint_store option) to keep checkpoints there"
+            )
+        if native:
+            self._operations.checkpoint_native(lease, data, limit)
+        else:
+            self._operations.checkpoint_stored(lease, data, limit)
+        self._events.emit("leasekit_lease_checkpointed", lease=lease, size=len(data))
+
     def _entry_error(self, result: BaseException, action: str) -> errors.LeaseError:
         """The leasekit error for one entry's raw ``result``, with it as the cause."""
         error = wrap_error(self._driver, result, f"{action} on {self.name!r}")
@@ -813,6 +875,7 @@ class Queue:
         leases = []
         set_after = self.capabilities.lease_set_after_receive
         now = time.time()
+        store = self._checkpoint_store
         for raw in batch:
             message = Message(
                 id=raw.id,
@@ -820,6 +883,7 @@ class Queue:
                 delivery_count=raw.delivery_count,
                 enqueued_at=raw.enqueued_at,
                 properties=dict(raw.properties),
+                checkpoint=raw.checkpoint if store is None else self._stored_checkpoint(raw.id),
             )
             physical = seconds
             if set_after:  # the receive used the queue's visibility, not ours
@@ -838,6 +902,24 @@ class Queue:
         if set_after:
             leases = self._apply_duration(leases, seconds)
         return leases
+
+    def _stored_checkpoint(self, message_id: str) -> bytes | None:
+        """The store's checkpoint for a received message; ``None`` (logged) if it cannot be read.
+
+        Starting over is always correct, only slower: a store that fails must not
+        keep a leased message from its handler.
+        """
+        store = self._checkpoint_store
+        assert store is not None
+        try:
+            return store.load(message_id)
+        except Exception as exc:
+            self._log.warning(
+                "could not read the checkpoint of message %r (%r); it starts over",
+                message_id,
+                exc,
+            )
+            return None
 
     def _apply_duration(self, leases: list[Lease], seconds: float) -> list[Lease]:
         """Set the lease duration right after receive where the receive could not (MNS)."""

@@ -23,6 +23,7 @@ from typing import Any
 import pluggy
 
 from . import hookspecs
+from .checkpoints import CheckpointStore
 from .errors import BackendNotFound, BackendNotInstalled, InvalidArgument, InvalidURL, LeaseError
 from .queue import Queue
 from .redaction import redact, redact_url, remember_secrets
@@ -177,6 +178,7 @@ class BackendRegistry:
         lease_duration: float | None = None,
         retry: RetryPolicy | None = None,
         call_timeout: float | None = None,
+        checkpoint_store: CheckpointStore | None = None,
         **options: Any,
     ) -> Queue:
         """Open a queue by URL (``"sqlite:///jobs.db?queue=jobs"``) or backend name plus options.
@@ -222,6 +224,7 @@ class BackendRegistry:
                 retry=retry,
                 hooks=self.hook,
                 call_timeout=call_timeout,
+                checkpoint_store=checkpoint_store,
             )
         except BaseException:
             driver.close()
@@ -326,6 +329,7 @@ def open(
     lease_duration: float | None = None,
     retry: RetryPolicy | None = None,
     call_timeout: float | None = None,
+    checkpoint_store: CheckpointStore | None = None,
     **options: Any,
 ) -> Queue:
     """Open a queue.
@@ -343,6 +347,10 @@ def open(
         call_timeout: the longest one backend call may take, retries included, when
             nothing tighter bounds it (default 10 s): sends, admin calls, and a receive
             beyond its long poll. Renewals and settles are bounded by the lease's time left.
+        checkpoint_store: where ``Lease.checkpoint`` keeps progress on a backend that
+            cannot keep it with the message (``capabilities.native_checkpoint`` is
+            false): a :class:`leasekit.CheckpointStore` such as
+            :class:`leasekit.SqliteCheckpointStore`.
         **options: backend options (credentials and clients belong here, not in the URL);
             they override options from the URL.
 
@@ -358,5 +366,6 @@ def open(
         lease_duration=lease_duration,
         retry=retry,
         call_timeout=call_timeout,
+        checkpoint_store=checkpoint_store,
         **options,
     )

@@ -52,6 +52,7 @@ from typing import Any, ClassVar, NamedTuple, TypeVar
 from .capabilities import Capabilities
 
 __all__ = [
+    "CheckpointEntry",
     "DeadLetter",
     "Driver",
     "DriverError",
@@ -137,7 +138,8 @@ class RawMessage:
 
     ``delivery_count`` is 1 on first delivery. ``visible_until`` is when the
     lease ends (UTC, timezone-aware). ``raw`` is the SDK's own message object
-    (the escape hatch, reachable as ``lease.raw``).
+    (the escape hatch, reachable as ``lease.raw``). ``checkpoint`` is the last
+    checkpoint saved with the message, where ``capabilities.native_checkpoint``.
     """
 
     id: str
@@ -148,6 +150,19 @@ class RawMessage:
     visible_until: datetime
     properties: Mapping[str, str] = field(default_factory=dict)
     raw: Any = field(default=None, repr=False, compare=False)
+    checkpoint: bytes | None = field(default=None, repr=False)
+
+
+class CheckpointEntry(NamedTuple):
+    """One checkpoint for :meth:`Driver.checkpoint`: the receipt, the message as received, the data.
+
+    ``message`` is the :class:`RawMessage` the receive returned; its ``body`` and
+    ``properties`` are what a driver that rewrites the message keeps unchanged.
+    """
+
+    receipt: str
+    message: RawMessage
+    data: bytes
 
 
 class Visibility(NamedTuple):
@@ -321,6 +336,23 @@ class Driver(ABC):
             result if isinstance(result, BaseException) else None
             for result in self.change_visibility(receipts, delay)
         ]
+
+    def checkpoint(
+        self, entries: Sequence[CheckpointEntry], seconds: float
+    ) -> list[Visibility | BaseException]:
+        """Save each entry's ``data`` with its leased message and hide it ``seconds`` from now.
+
+        Only called when ``capabilities.native_checkpoint``. Like
+        :meth:`change_visibility`, one result per entry: the receipt to use from
+        now on and the new expiry, or the error; a stale receipt must give an
+        error and change nothing. The data must come back as
+        :attr:`RawMessage.checkpoint` on every later receive of the message,
+        until a later checkpoint replaces it; the body and properties must not
+        change. A checkpoint the service cannot hold (too large) is an error
+        with :attr:`ErrorCode.TOO_LARGE` for that entry, with no call made.
+        Core calls it with at most ``capabilities.max_renew_batch`` entries.
+        """
+        raise NotImplementedError("The 'checkpoint' method is not implemented.")
 
     def dead_letter(self, receipt: str, reason: str, message: RawMessage) -> None:
         """Move the leased message to the backend's own dead-letter store with ``reason``.

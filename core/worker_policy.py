@@ -24,6 +24,15 @@ idempotency store and the completion is tried (a receipt nobody re-leased may
 still be honoured); if the backend refuses it, it counts as
 ``stale_on_complete``. A handler that *raised* (``lease.check()`` inside it,
 say) did not finish: nothing is recorded, and the message counts as ``lost``.
+
+One more on the asyncio face only: :class:`~leasekit.aio.AsyncConsumer` *stops*
+a handler whose lease is found lost (by the keeper at the lease's deadline, by a
+failed renewal, or at the deadline after ``max_lifetime`` let it go) by
+cancelling its task; the face then throws :class:`HandlerStopped` into the flow,
+and the message counts as ``cancelled_on_loss`` (outcome ``cancelled_on_loss``)
+— neither ``failed`` nor ``lost``, nothing recorded, nothing settled. A thread
+cannot be stopped from outside, so the threaded face has no such outcome: its
+handler watches ``lease.lost`` / ``lease.check()`` and raises (``lost``).
 """
 
 from __future__ import annotations
@@ -62,6 +71,7 @@ __all__ = [
     "Call",
     "ConsumerStats",
     "Failure",
+    "HandlerStopped",
     "Outcome",
     "Pause",
     "ReceiveBudget",
@@ -126,6 +136,8 @@ class ConsumerStats:
     duplicates_skipped: int = 0
     stale_on_complete: int = 0
     lost: int = 0
+    #: Handlers cancelled because their lease was found lost (asyncio face only).
+    cancelled_on_loss: int = 0
     settle_errors: int = 0
     settle_retries: int = 0
     receive_errors: int = 0
@@ -325,6 +337,17 @@ def completion_outcome(
 # ------------------------------------------------------------------ the steps
 
 
+class HandlerStopped(Exception):
+    """Thrown into a message's flow when the face stopped its handler: its lease was lost.
+
+    ``error`` is the :class:`~leasekit.LeaseLost` that marked the lease lost.
+    """
+
+    def __init__(self, error: errors.LeaseLost | None) -> None:
+        super().__init__(f"the handler was cancelled: its lease was lost ({error})")
+        self.error = error
+
+
 @dataclass(frozen=True, slots=True)
 class Call:
     """A blocking step: the threaded face calls ``fn()``; the asyncio face runs it off the loop."""
@@ -434,6 +457,16 @@ class Worker:
             start = time.monotonic()
             try:
                 yield RunHandler(lease)
+            except HandlerStopped as stopped:
+                if bracket:
+                    events.emit("leasekit_after_handle", lease=lease, error=stopped)
+                tally.add("cancelled_on_loss")
+                _log.warning(
+                    "handler of message %r cancelled: its lease was lost (%s)",
+                    message.id,
+                    stopped.error,
+                )
+                return Outcome("cancelled_on_loss", stopped.error or stopped)
             except Exception as exc:
                 if bracket:
                     events.emit("leasekit_after_handle", lease=lease, error=exc)

@@ -36,6 +36,9 @@ COUNTERS = (
     "lost",
     "settle_errors",
     "abandoned_at_shutdown",
+    # Async only (a thread cannot be cancelled): 0 on both faces in every row here;
+    # its scenarios are in tests/test_aio_lost_handler.py.
+    "cancelled_on_loss",
 )
 
 

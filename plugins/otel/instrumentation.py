@@ -598,6 +598,21 @@ class OtelInstrumentation:
         if lateness is not None and self._metrics:
             self._lateness.record(lateness, self._names(lease.queue).base)
 
+    # ------------------------------------------------------------- checkpoint
+
+    @hookimpl
+    def leasekit_lease_checkpointed(self, lease: Lease, size: int) -> None:
+        """Note a checkpoint on the lease's process span (an event with its size)."""
+        entry = self._processing.get(id(lease))
+        if entry is not None and entry[0] is not None and entry[0].is_recording():
+            entry[0].add_event(
+                "leasekit.lease.checkpoint",
+                {
+                    "leasekit.checkpoint.size": size,
+                    "leasekit.lease.expires_at": lease.expires_at.isoformat(),
+                },
+            )
+
     # ------------------------------------------------------------------- lost
 
     @hookimpl
