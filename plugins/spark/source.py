@@ -53,6 +53,21 @@ failing) before the commit. Make the sink idempotent on ``id``, which is stable
 across redeliveries (e.g. ``dropDuplicates(["id"])``, a MERGE on ``id``).
 Batch ``N`` of a restarted query is not the same rows as batch ``N`` of the
 failed run: do not key idempotency on Spark's batch id alone.
+
+``Trigger.AvailableNow`` (PySpark's ``SupportsTriggerAvailableNow``): Spark calls
+``prepareForTriggerAvailableNow`` in the planner process when the run starts.
+It takes a **bound**: the wall-clock time, and the queue's visible count from
+``Queue.stats()`` (``total`` where the backend counts only that; no count where
+it counts neither). From then on ``latestOffset`` (and the prefetch) receive at
+most that many messages in the whole run, and a received message sent after the
+bound (``enqueued_at`` later) is abandoned at once, so it is visible again for
+the next run. When the count is spent, or a receive brings nothing inside the
+bound, the bound is *done*: the source returns the heartbeat that commits the
+last batch, then ``start``, and Spark stops the query (and calls ``stop()``,
+which releases anything still held). On ``sqlite`` and ``memory`` (delivery
+order: visibility time, then send order) with no other consumer, the run takes
+exactly the messages visible when it started; elsewhere the bound is
+approximate (see ``docs/spark.md``). A restarted run takes a new bound.
 """
 
 from __future__ import annotations
@@ -66,14 +81,15 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC
+from datetime import UTC, datetime
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
+from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 from leasekit import errors
+from leasekit.clock import to_datetime
 from leasekit.errors import InvalidArgument
 from leasekit.keeper import LeaseKeeper
 from leasekit.lease import Lease
@@ -90,6 +106,7 @@ __all__ = [
     "DEFAULT_MAX_MESSAGES",
     "DEFAULT_PARTITIONS",
     "SCHEMA",
+    "AvailableNowBound",
     "LeasedPartition",
     "LeasekitStreamReader",
     "source_schema",
@@ -195,6 +212,46 @@ class LeasedPartition(InputPartition):
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
+def _utc(stamp: datetime) -> datetime:
+    return stamp if stamp.tzinfo is not None else stamp.replace(tzinfo=UTC)
+
+
+@dataclass
+class AvailableNowBound:
+    """What a ``Trigger.AvailableNow`` run may still take: the snapshot made when it began.
+
+    ``since`` is when the run began (the planner machine's wall clock): a
+    message sent later is beyond the bound. ``remaining`` is how many more
+    messages the run may receive (``None``: the backend counts nothing to bound
+    it by); every received message spends one, inside the bound or not.
+    ``done`` once the count is spent or a receive brought nothing inside.
+    """
+
+    since: datetime
+    remaining: int | None
+    done: bool = False
+    #: Messages received beyond the bound and abandoned (given back at once).
+    released: int = 0
+
+    def allow(self, ask: int) -> int:
+        """How many of ``ask`` messages the next receive may take (0: none, the run is over)."""
+        if self.done:
+            return 0
+        if self.remaining is None:
+            return ask
+        return min(ask, self.remaining)
+
+    def split(self, got: Sequence[Lease]) -> tuple[list[Lease], list[Lease]]:
+        """Spend the count on ``got``; return the leases inside the bound and those beyond it."""
+        inside = [lz for lz in got if _utc(lz.message.enqueued_at) <= self.since]
+        beyond = [lz for lz in got if _utc(lz.message.enqueued_at) > self.since]
+        if self.remaining is not None:
+            self.remaining = max(0, self.remaining - len(got))
+        if not inside or self.remaining == 0:
+            self.done = True
+        return inside, beyond
+
+
 @dataclass(eq=False)
 class _Batch:
     seq: int
@@ -220,14 +277,18 @@ class _Planner:
         self.stopped = False
         #: Leased ahead (prefetched) for the next batch, not in any batch yet.
         self.ready: list[Lease] = []
+        #: Set by ``prepareForTriggerAvailableNow``: what this run may still take.
+        self.bound: AvailableNowBound | None = None
         self.prefetch: Future[None] | None = None
         #: One thread for the queue work that overlaps the running batch: completing
         #: committed batches, then leasing the next one. One thread keeps them in order.
         self.background = ThreadPoolExecutor(1, thread_name_prefix="leasekit-spark")
 
 
-class LeasekitStreamReader(DataSourceStreamReader):
+class LeasekitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """The ``DataSourceStreamReader`` behind ``spark.readStream.format("leasekit")``.
+
+    It supports ``trigger(availableNow=True)``: see :meth:`prepareForTriggerAvailableNow`.
 
     Options (strings, names case-insensitive):
 
@@ -299,6 +360,33 @@ class LeasekitStreamReader(DataSourceStreamReader):
                 self._planner.duration,
             )
         return self._planner
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Bound this run to the messages visible now (``Trigger.AvailableNow``).
+
+        Records the time and the queue's visible count (``Queue.stats()``;
+        ``total`` where only that is counted, nothing where neither is). Later
+        ``latestOffset`` calls receive at most that many messages, abandon at
+        once any received message sent after now, and return ``start`` (after
+        one heartbeat that commits the last batch) once the bound is spent, so
+        Spark ends the run. Errors from ``stats()`` propagate: the run fails
+        before it leased anything.
+        """
+        planner = self._state()
+        since = to_datetime(time.time())
+        remaining: int | None = None
+        caps = planner.queue.capabilities
+        if caps.queue_stats and {"visible", "total"} & caps.counted:
+            stats = planner.queue.stats()
+            remaining = stats.visible if stats.visible is not None else stats.total
+        with planner.lock:
+            planner.bound = AvailableNowBound(since, remaining)
+        _log.info(
+            "leasekit source %s: Trigger.AvailableNow run bound to %s messages sent up to %s",
+            planner.run,
+            "all visible" if remaining is None else remaining,
+            since.isoformat(),
+        )
 
     def initialOffset(self) -> dict[str, Any]:
         """The empty start of a new query (no I/O)."""
@@ -381,15 +469,39 @@ class LeasekitStreamReader(DataSourceStreamReader):
 
     def _lease(self, planner: _Planner, want: int, *, wait: float) -> list[Lease]:
         leases: list[Lease] = []
+        bound = planner.bound
         while len(leases) < want and not planner.stopped:
             ask = min(MAX_LEASE_BATCH, want - len(leases))
+            if bound is not None:
+                ask = bound.allow(ask)
+                if ask == 0:
+                    break
             got = planner.queue.lease(ask, duration=planner.duration, wait=0 if leases else wait)
+            received = len(got)
+            if bound is not None:
+                got, beyond = bound.split(got)
+                if beyond:
+                    self._give_back(planner, bound, beyond)
             for lease in got:
                 planner.keeper.add(lease)
             leases.extend(got)
-            if len(got) < ask:
+            if received < ask:
                 break
         return leases
+
+    def _give_back(self, planner: _Planner, bound: AvailableNowBound, beyond: list[Lease]) -> None:
+        """Abandon messages received past the AvailableNow bound: visible again at once."""
+        try:
+            results = planner.queue.abandon_many(beyond)
+        except (errors.LeaseError, errors.LeaseStateError) as exc:
+            _log.warning(
+                "could not give back %d messages sent after the run began (%s); "
+                "they come back when their leases lapse",
+                len(beyond),
+                exc,
+            )
+            return
+        bound.released += sum(1 for r in results if r is None)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         """The batch's messages split into ``numPartitions`` picklable partitions.
