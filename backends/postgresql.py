@@ -509,15 +509,27 @@ class _Shared:
     watchdog: _Watchdog = field(default_factory=_Watchdog)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def get(self) -> ConnectionPool[Any]:
-        """The pool, opened on first use (and anew in a forked child)."""
+    def get(self, timeout: float | None) -> ConnectionPool[Any]:
+        """The pool, opened on first use (and anew in a forked child).
+
+        Before the pool opens, one connection is made in the calling thread
+        (within ``timeout``): a refused password or a missing database is then
+        raised as libpq reported it, where the pool's background connections
+        would only time out.
+        """
         pool = self.pool
         if pool is not None and self.pid == os.getpid():
             return pool
         with self.lock:
             if self.pool is not None and self.pid == os.getpid():
                 return self.pool
+            import psycopg
             from psycopg_pool import ConnectionPool
+
+            probe: dict[str, Any] = dict(self.kwargs)
+            if timeout is not None:
+                probe["connect_timeout"] = str(max(2, math.ceil(timeout)))
+            psycopg.connect(self.conninfo, **probe).close()
 
             # A pool must not cross a fork: the child makes its own, and leaves the
             # parent's sockets alone (closing them would end the parent's sessions).
@@ -638,8 +650,8 @@ class PostgresqlDriver(Driver):
     def _connection(self, *, migrate: bool = True) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection for one transaction, bounded by core's deadline."""
         timeout = call_timeout(None)
-        pool = self._shared.get()
         started = time.monotonic()
+        pool = self._shared.get(timeout)
         with pool.connection(timeout=3600.0 if timeout is None else timeout) as conn:
             left = None if timeout is None else timeout - (time.monotonic() - started)
             fd = conn.pgconn.socket
@@ -1070,7 +1082,8 @@ def _conninfo(dsn: str, libpq: Mapping[str, str | int]) -> tuple[str, dict[str, 
             raise InvalidURL(f"postgresql: option {key} must be text or a number")
         params[key] = str(value)
     try:
-        merged = conninfo_to_dict(dsn, **params)
+        merged = conninfo_to_dict(dsn or _make_conninfo({}), **params)
+        _make_conninfo(merged)  # libpq parses it: an unknown keyword is refused here
     except ProgrammingError as exc:
         # libpq's message names the bad keyword; it never quotes a value.
         text = str(exc).split("\n")[0]
