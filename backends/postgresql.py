@@ -102,6 +102,9 @@ PURGE_EVERY = 5.0
 REAP_LIMIT = 200
 #: Default connect timeout given to libpq (whole seconds; libpq's floor is 2).
 CONNECT_TIMEOUT = 5
+#: Seconds the pool keeps retrying one failed connection before it gives up and
+#: lets the next call that needs one start afresh (see ``_Shared.get``).
+RECONNECT_TIMEOUT = 3.0
 #: Loggers of the SDK whose records are redacted.
 SDK_LOGGERS = ("psycopg", "psycopg.pool")
 #: Server-side statement timeouts are set in these steps (ms) rather than to
@@ -472,25 +475,21 @@ def _timeout_step(seconds: float) -> int:
     return 0  # longer than an hour: no server-side limit
 
 
-def _idle_check(conn: psycopg.Connection[Any]) -> None:
-    """The pool's check before lending a connection: refuse one the server has closed.
+def _closed_by_server(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the server closed this idle connection (a restart, a cut network).
 
     No round trip: an idle connection has nothing to read unless the server
-    closed it (a restart, a cut connection: EOF or a FATAL message), so a
-    readable socket means it is gone.
+    closed it (EOF, a reset, or a FATAL message before closing), so a readable
+    socket means it is gone.
     """
     import select
 
-    fd = conn.pgconn.socket
-    readable, _, _ = select.select([fd], [], [], 0)
-    if readable:
-        raise _connection_error("the server closed this idle connection")
-
-
-def _connection_error(text: str) -> Exception:
-    import psycopg
-
-    return psycopg.OperationalError(text)
+    try:
+        fd = conn.pgconn.socket
+        readable, _, _ = select.select([fd], [], [], 0)
+    except (OSError, ValueError, Exception):
+        return True
+    return bool(readable)
 
 
 # --------------------------------------------------------------- the pool
@@ -539,9 +538,11 @@ class _Shared:
                 min_size=1,
                 max_size=self.pool_size,
                 open=False,
-                check=_idle_check,
                 name="leasekit",
-                reconnect_timeout=3600.0,
+                # Give up a failing reconnection soon: the next call that needs a
+                # connection starts a fresh attempt (the pool's backoff doubles
+                # without bound, which after a long outage would delay recovery).
+                reconnect_timeout=RECONNECT_TIMEOUT,
             )
             made.open(wait=False)
             self.pool = made
@@ -652,21 +653,42 @@ class PostgresqlDriver(Driver):
         timeout = call_timeout(None)
         started = time.monotonic()
         pool = self._shared.get(timeout)
-        with pool.connection(timeout=3600.0 if timeout is None else timeout) as conn:
-            left = None if timeout is None else timeout - (time.monotonic() - started)
-            fd = conn.pgconn.socket
-            with self._shared.watchdog.guard(fd, left) as cut:
-                try:
-                    self._statement_timeout(conn, left)
-                    if migrate and not self._shared.migrated:
-                        self._migrate(conn, create=False)
-                    yield conn
-                except Exception as exc:
-                    if cut[0]:
-                        raise DeadlineExceeded(
-                            "postgresql: the call's deadline passed; its connection was cut"
-                        ) from exc
-                    raise
+        conn = self._take(pool, started + (3600.0 if timeout is None else timeout))
+        try:
+            with conn:  # commit, or roll back on an error
+                left = None if timeout is None else timeout - (time.monotonic() - started)
+                fd = conn.pgconn.socket
+                with self._shared.watchdog.guard(fd, left) as cut:
+                    try:
+                        self._statement_timeout(conn, left)
+                        if migrate and not self._shared.migrated:
+                            self._migrate(conn, create=False)
+                        yield conn
+                    except Exception as exc:
+                        if cut[0]:
+                            raise DeadlineExceeded(
+                                "postgresql: the call's deadline passed; its connection was cut"
+                            ) from exc
+                        raise
+        finally:
+            pool.putconn(conn)
+
+    def _take(self, pool: ConnectionPool[Any], until: float) -> psycopg.Connection[Any]:
+        """A live connection from the pool by ``until`` (monotonic).
+
+        Connections the server closed while they were idle (after a restart or a
+        cut) are closed here and handed back, so the pool replaces them, and the
+        next one is taken at once.
+        """
+        conn: psycopg.Connection[Any]
+        for _ in range(self._shared.pool_size + 1):
+            conn = pool.getconn(timeout=max(until - time.monotonic(), 0.001))
+            if not _closed_by_server(conn):
+                return conn
+            conn.close()
+            pool.putconn(conn)
+        conn = pool.getconn(timeout=max(until - time.monotonic(), 0.001))
+        return conn
 
     def _statement_timeout(self, conn: psycopg.Connection[Any], left: float | None) -> None:
         """Keep the session's statement_timeout at the step of the time left (SET on a change)."""
