@@ -384,8 +384,8 @@ class LeasekitStreamReader(DataSourceStreamReader):
         while len(leases) < want and not planner.stopped:
             ask = min(MAX_LEASE_BATCH, want - len(leases))
             got = planner.queue.lease(ask, duration=planner.duration, wait=0 if leases else wait)
-            for lease in got:
-                planner.keeper.add(lease)
+            if got:
+                planner.keeper.add_many(got)  # one receive: renewed together, in one call
             leases.extend(got)
             if len(got) < ask:
                 break
