@@ -100,6 +100,10 @@ PURGE_EVERY = 5.0
 #: Most expired lease batches one receive gives back to the queue: bounds the
 #: receive's work after a crash left many batches behind (the rest follow).
 REAP_LIMIT = 200
+#: A receive gives expired lease batches back at most this often (seconds), and
+#: whenever it finds fewer messages than asked for: under load, an expired
+#: message is back within this long, and a receive is one statement, not two.
+REAP_EVERY = 0.1
 #: Default connect timeout given to libpq (whole seconds; libpq's floor is 2).
 CONNECT_TIMEOUT = 5
 #: Seconds the pool keeps retrying one failed connection before it gives up and
@@ -233,8 +237,8 @@ _RECEIVE = (
     "delivery_count = m.delivery_count + 1, "
     "token = floor(random() * 9007199254740991)::bigint + 1 "
     "FROM picked, batch WHERE m.seq = picked.seq "
-    "RETURNING m.seq, m.id, m.body, m.properties, m.enqueued_at, m.delivery_count, m.token, "
-    "batch.expires_at, picked.was"
+    "RETURNING m.seq, m.id::text, m.body, m.properties, m.enqueued_at, m.delivery_count, "
+    "m.token, batch.expires_at, picked.was"
 )
 
 _EXISTS = "SELECT 1 FROM {s}.queues WHERE name = %(queue)s"
@@ -475,6 +479,10 @@ def _timeout_step(seconds: float) -> int:
     return 0  # longer than an hour: no server-side limit
 
 
+#: libpq's transaction status of a connection outside any transaction.
+_IDLE = 0
+
+
 def _closed_by_server(conn: psycopg.Connection[Any]) -> bool:
     """Whether the server closed this idle connection (a restart, a cut network).
 
@@ -609,6 +617,7 @@ class PostgresqlDriver(Driver):
         self._where = _describe(_shared.conninfo, _shared.kwargs)
         self._sql: dict[str, Any] = {}
         self._last_purge = 0.0
+        self._last_reap = 0.0
         self._fds_timeouts: dict[int, int] = {}
 
     @classmethod
@@ -698,7 +707,6 @@ class PostgresqlDriver(Driver):
         if self._fds_timeouts.get(key) == step and getattr(conn, "_leasekit_fd", None) == fd:
             return
         conn.execute("SELECT set_config('statement_timeout', %s, false)", [f"{step}ms"])
-        conn.commit()
         conn._leasekit_fd = fd  # type: ignore[attr-defined]
         self._fds_timeouts[key] = step
         if len(self._fds_timeouts) > 4 * self._shared.pool_size + 16:
@@ -717,13 +725,20 @@ class PostgresqlDriver(Driver):
             "SELECT to_regclass(%s) IS NOT NULL", [f"{_quote(self.schema)}.schema_version"]
         ).fetchone()
         if not (exists and exists[0]) and not create:
-            conn.rollback()
             raise DriverError(
                 ErrorCode.QUEUE_NOT_FOUND,
                 f"queue {self.queue!r} does not exist: schema {self.schema!r} has no leasekit "
                 "tables (open with create=True)",
                 backend_code="QueueNotFound",
             )
+        with conn.transaction():
+            self._migrate_locked(conn, schema)
+        self._shared.migrated = True
+
+    def _migrate_locked(self, conn: psycopg.Connection[Any], schema: Any) -> None:
+        """The migrations, in the caller's transaction (rolled back whole on an error)."""
+        from psycopg import sql
+
         conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"leasekit:{self.schema}"])
         conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema))
         conn.execute(
@@ -738,7 +753,6 @@ class PostgresqlDriver(Driver):
         current = int(row[0]) if row else 0
         newest = MIGRATIONS[-1][0] if MIGRATIONS else 0
         if current > newest:
-            conn.rollback()
             raise DriverError(
                 ErrorCode.UNSUPPORTED,
                 f"schema {self.schema!r} is at version {current}, newer than this leasekit "
@@ -754,8 +768,6 @@ class PostgresqlDriver(Driver):
                 sql.SQL("INSERT INTO {}.schema_version (version) VALUES (%s)").format(schema),
                 [version],
             )
-        conn.commit()
-        self._shared.migrated = True
 
     def _missing(self) -> DriverError:
         return DriverError(
@@ -802,16 +814,22 @@ class PostgresqlDriver(Driver):
             if now - self._last_purge >= PURGE_EVERY:
                 self._last_purge = now
                 conn.execute(self._q("purge", _PURGE), params)
-            conn.execute(self._q("reap", _REAP), params)
+            reaped = now - self._last_reap >= REAP_EVERY
+            if reaped:
+                self._reap(conn, params, now)
             rows = conn.execute(self._q("receive", _RECEIVE), params).fetchall()
+            if len(rows) < max_messages and not reaped and self._reap(conn, params, now):
+                # Expired batches were given back: take from them too.
+                params["limit"] = max_messages - len(rows)
+                rows += conn.execute(self._q("receive", _RECEIVE), params).fetchall()
             if not rows:
                 self._check_exists(conn)
                 return []
         rows.sort(key=lambda r: (r[8], r[0]))  # delivery order: visible since, then sent
         return [
             RawMessage(
-                id=str(message_id),
-                body=bytes(body),
+                id=message_id,
+                body=body,
                 receipt=f"{seq}.{token}",
                 delivery_count=count,
                 enqueued_at=enqueued_at,
@@ -820,6 +838,11 @@ class PostgresqlDriver(Driver):
             )
             for seq, message_id, body, props, enqueued_at, count, token, until, _ in rows
         ]
+
+    def _reap(self, conn: psycopg.Connection[Any], params: dict[str, Any], now: float) -> int:
+        """Give the messages of expired lease batches back; how many (its own transaction)."""
+        self._last_reap = now
+        return conn.execute(self._q("reap", _REAP), params).rowcount
 
     def change_visibility(
         self, receipts: Sequence[str], seconds: float
@@ -841,14 +864,18 @@ class PostgresqlDriver(Driver):
             return results
         params: dict[str, Any] = {"queue": self.queue, "seqs": seqs, "seconds": float(seconds)}
         with self._connection() as conn:
-            conn.execute(self._q("lock", _LOCK_BATCHES), params)
+            # Two round trips: BEGIN, lock, read; then the updates and COMMIT. (An
+            # error rolls back: leaving the connection's block does.)
+            with conn.pipeline():
+                conn.execute("BEGIN")
+                conn.execute(self._q("lock", _LOCK_BATCHES), params)
+                cursor = conn.execute(self._q("renew_state", _RENEW_STATE), params)
             state = {
                 seq: (token, batch, dead, members)
-                for seq, token, batch, dead, members in conn.execute(
-                    self._q("renew_state", _RENEW_STATE), params
-                )
+                for seq, token, batch, dead, members in cursor.fetchall()
             }
             if not state:
+                conn.execute("ROLLBACK")
                 self._check_exists(conn)
             members = {batch: n for _, batch, _, n in state.values() if batch is not None}
             covered: dict[int, int] = {}
@@ -866,18 +893,20 @@ class PostgresqlDriver(Driver):
                     continue
                 held.append((i, p[0], p[1], batch))
             whole = {batch for batch, count in covered.items() if count == members[batch]}
-            until: dict[int, datetime] = {}
-            if whole:
-                params["batches"] = sorted(whole)
-                for batch, expires in conn.execute(self._q("renew", _RENEW_BATCHES), params):
-                    until[batch] = expires
             moving = [(seq, token) for _, seq, token, batch in held if batch not in whole]
-            moved: dict[int, datetime] = {}
-            if moving:
-                params["seqs"] = [s for s, _ in moving]
-                params["tokens"] = [t for _, t in moving]
-                for seq, expires in conn.execute(self._q("move", _RENEW_MOVE), params):
-                    moved[seq] = expires
+            renewed = moved_rows = None
+            with conn.pipeline():
+                if whole:
+                    params["batches"] = sorted(whole)
+                    renewed = conn.execute(self._q("renew", _RENEW_BATCHES), params)
+                if moving:
+                    params["seqs"] = [s for s, _ in moving]
+                    params["tokens"] = [t for _, t in moving]
+                    moved_rows = conn.execute(self._q("move", _RENEW_MOVE), params)
+                if conn.info.transaction_status != _IDLE:
+                    conn.execute("COMMIT")
+            until: dict[int, datetime] = dict(renewed.fetchall()) if renewed else {}
+            moved: dict[int, datetime] = dict(moved_rows.fetchall()) if moved_rows else {}
         for i, seq, _, batch in held:
             if batch is not None and batch in whole:
                 expires_at = until.get(batch)
@@ -1116,7 +1145,9 @@ def _conninfo(dsn: str, libpq: Mapping[str, str | int]) -> tuple[str, dict[str, 
             remember_secret(found)
     merged.setdefault("connect_timeout", str(CONNECT_TIMEOUT))
     merged.setdefault("application_name", "leasekit")
-    kwargs: dict[str, Any] = {"autocommit": False, "prepare_threshold": 2}
+    # Autocommit: a call of one statement is one round trip (no COMMIT after it);
+    # the calls that need a transaction open one explicitly.
+    kwargs: dict[str, Any] = {"autocommit": True, "prepare_threshold": 2}
     for secret in ("password", "sslpassword"):
         if merged.get(secret) is not None:
             kwargs[secret] = merged.pop(secret)
