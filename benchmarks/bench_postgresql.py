@@ -79,16 +79,33 @@ def server_cpu(pg: LocalPostgres) -> float:
 def settle(url: str, schema: str) -> None:
     """VACUUM the schema's tables (what sending and leasing left dead), let the stats catch up.
 
-    Statistics reach the server's counters up to a second after a transaction:
-    the hold is measured from a clean, flushed state.
+    Statistics reach the server's counters up to 10 s after a transaction (an
+    idle backend flushes them every PGSTAT_IDLE_INTERVAL): wait that out first,
+    so the hold is measured from a clean, flushed state.
     """
+    time.sleep(11.0)  # the stats flush interval of idle backends, not a sync
     with psycopg.connect(url, autocommit=True) as conn:
         tables = conn.execute(
             "SELECT relname FROM pg_stat_user_tables WHERE schemaname = %s", [schema]
         ).fetchall()
         for (table,) in tables:
             conn.execute(f"VACUUM {schema}.{table}")
-    time.sleep(1.5)  # the stats flush interval (PGSTAT_MIN_INTERVAL, 1 s), not a sync
+    time.sleep(1.5)  # VACUUM's own report, flushed within PGSTAT_MIN_INTERVAL (1 s)
+
+
+def xid(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def rewritten(conn: psycopg.Connection[Any], table: str, since: int) -> int:
+    """Rows of ``table`` written (inserted or updated) by a transaction after ``since``."""
+    row = conn.execute(
+        f"SELECT count(*) FROM {table} WHERE xmin::text::bigint > %s", [since % 2**32]
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def wal_lsn(conn: psycopg.Connection[Any]) -> int:
@@ -169,7 +186,7 @@ def hold_leasekit(pg: LocalPostgres, n: int, lease: float, seconds: float) -> di
         leases.extend(batch)
     settle(url, schema)
     with psycopg.connect(url, autocommit=True) as conn:
-        before, lsn = table_stats(conn, schema), wal_lsn(conn)
+        before, lsn, start_xid = table_stats(conn, schema), wal_lsn(conn), xid(conn)
         renewed, calls, c0, s0 = (
             keeper.stats.renewed,
             keeper.stats.renew_calls,
@@ -185,6 +202,7 @@ def hold_leasekit(pg: LocalPostgres, n: int, lease: float, seconds: float) -> di
         client_s, server_s = cpu() - c0, server_cpu(pg) - s0
         wal = wal_lsn(conn) - lsn
         after = table_stats(conn, schema)
+        rows_rewritten = rewritten(conn, f"{schema}.messages", start_xid)
     stats = keeper.stats
     keeper.stop()
     lost = max(stats.lost, sum(1 for lz in leases if lz.lost.is_set()))
@@ -200,6 +218,7 @@ def hold_leasekit(pg: LocalPostgres, n: int, lease: float, seconds: float) -> di
         "wal_mb": wal / 1e6,
         "client_cpu_s": client_s,
         "server_cpu_s": server_s,
+        "message_rows_rewritten": rows_rewritten,
         "max_dead": sampler.max_dead,
         "tables": _delta(before, after),
     }
@@ -231,7 +250,7 @@ def hold_per_row(pg: LocalPostgres, n: int, lease: float, seconds: float) -> dic
         ids = [r[0] for r in conn.execute(f"SELECT id FROM {schema}.jobs ORDER BY id")]
     settle(url, schema)
     with psycopg.connect(url, autocommit=True) as conn:
-        before, lsn = table_stats(conn, schema), wal_lsn(conn)
+        before, lsn, start_xid = table_stats(conn, schema), wal_lsn(conn), xid(conn)
     batches = [ids[i : i + 500] for i in range(0, n, 500)]
     lateness: list[float] = []
     late_cycles = 0
@@ -269,6 +288,7 @@ def hold_per_row(pg: LocalPostgres, n: int, lease: float, seconds: float) -> dic
     with psycopg.connect(url, autocommit=True) as conn:
         wal = wal_lsn(conn) - lsn
         after = table_stats(conn, schema)
+        rows_rewritten = rewritten(conn, f"{schema}.jobs", start_xid)
         conn.execute(f"DROP SCHEMA {schema} CASCADE")
     ordered = sorted(lateness) or [0.0]
     return {
@@ -280,6 +300,7 @@ def hold_per_row(pg: LocalPostgres, n: int, lease: float, seconds: float) -> dic
         "wal_mb": wal / 1e6,
         "client_cpu_s": client_s,
         "server_cpu_s": server_s,
+        "message_rows_rewritten": rows_rewritten,
         "max_dead": sampler.max_dead,
         "tables": _delta(before, after),
         "p99_cycle_start_late_ms": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1e3,
