@@ -234,13 +234,16 @@ _RECEIVE = (
     "ORDER BY m.visible_at, m.seq LIMIT %(limit)s FOR UPDATE OF m SKIP LOCKED), "
     "batch AS (INSERT INTO {s}.leases (queue_id, expires_at) "
     "SELECT (SELECT id FROM q), now() + make_interval(secs => %(seconds)s) "
-    "WHERE EXISTS (SELECT 1 FROM picked) RETURNING id, expires_at) "
-    "UPDATE {s}.messages m SET lease_id = batch.id, visible_at = batch.expires_at, "
+    "WHERE EXISTS (SELECT 1 FROM picked) RETURNING id, expires_at), "
+    "taken AS (UPDATE {s}.messages m SET lease_id = batch.id, visible_at = batch.expires_at, "
     "delivery_count = m.delivery_count + 1, "
     "token = floor(random() * 9007199254740991)::bigint + 1 "
     "FROM picked, batch WHERE m.seq = picked.seq "
-    "RETURNING m.seq, m.id::text, m.body, m.properties, m.enqueued_at, m.delivery_count, "
-    "m.token, batch.expires_at, picked.was"
+    "RETURNING m.seq, m.id, m.body, m.properties, m.enqueued_at, m.delivery_count, m.token, "
+    "batch.expires_at, picked.was) "
+    # In delivery order (visible since, then sent); the receipt made here, as text.
+    "SELECT id::text, body, properties, enqueued_at, delivery_count, "
+    "seq::text || '.' || token::text, expires_at FROM taken ORDER BY was, seq"
 )
 
 _EXISTS = "SELECT 1 FROM {s}.queues WHERE name = %(queue)s"
@@ -834,18 +837,17 @@ class PostgresqlDriver(Driver):
             if not rows:
                 self._check_exists(conn)
                 return []
-        rows.sort(key=lambda r: (r[8], r[0]))  # delivery order: visible since, then sent
         return [
             RawMessage(
                 id=message_id,
                 body=body,
-                receipt=f"{seq}.{token}",
+                receipt=receipt,
                 delivery_count=count,
                 enqueued_at=enqueued_at,
                 visible_until=until,
                 properties=_props(props),
             )
-            for seq, message_id, body, props, enqueued_at, count, token, until, _ in rows
+            for message_id, body, props, enqueued_at, count, receipt, until in rows
         ]
 
     def _reap(self, conn: psycopg.Connection[Any], params: dict[str, Any], now: float) -> int:
