@@ -404,7 +404,7 @@ def _props(value: Any) -> dict[str, str]:
 
 
 class _Watchdog:
-    """Cuts a connection whose call outlived its deadline: one daemon thread for all calls.
+    """Cuts a connection whose call outlived its deadline: one daemon thread per process.
 
     A statement the server runs too long is stopped by the server's
     ``statement_timeout``; a call whose network hangs (no answer at all) is
@@ -412,6 +412,9 @@ class _Watchdog:
     wait return with an error at once. The connection is then broken and the
     pool replaces it. A call that finished is unregistered first (under the
     lock), so a connection back in the pool is never cut.
+
+    Every open pool holds the watchdog (:meth:`hold`); when the last one is
+    closed (:meth:`release`), its thread ends before ``close()`` returns.
     """
 
     def __init__(self) -> None:
@@ -420,6 +423,23 @@ class _Watchdog:
         self._calls: dict[int, tuple[int, list[bool]]] = {}
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
+        self._users = 0
+
+    def hold(self) -> None:
+        """An open pool uses the watchdog."""
+        with self._cond:
+            self._users += 1
+
+    def release(self) -> None:
+        """A pool was closed; the last one ends the thread (and waits for it, briefly)."""
+        with self._cond:
+            self._users = max(0, self._users - 1)
+            if self._users:
+                return
+            thread, self._thread = self._thread, None
+            self._cond.notify_all()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(1.0)
 
     @contextmanager
     def guard(self, fd: int, timeout: float | None) -> Iterator[list[bool]]:
@@ -446,9 +466,12 @@ class _Watchdog:
                 self._calls.pop(key, None)
 
     def _run(self) -> None:
+        me = threading.current_thread()
         while True:
             with self._cond:
                 while True:
+                    if self._thread is not me:
+                        return  # released: no pool left to watch
                     now = time.monotonic()
                     while self._heap and self._heap[0][1] not in self._calls:
                         heapq.heappop(self._heap)  # finished in time
@@ -459,6 +482,10 @@ class _Watchdog:
                         _shutdown(fd)
                         continue
                     self._cond.wait(self._heap[0][0] - now if self._heap else 60.0)
+
+
+#: The process's watchdog, shared by every pool.
+_WATCHDOG = _Watchdog()
 
 
 def _shutdown(fd: int) -> None:
@@ -518,7 +545,7 @@ class _Shared:
     pool: ConnectionPool[Any] | None = None
     pid: int = 0
     migrated: bool = False
-    watchdog: _Watchdog = field(default_factory=_Watchdog)
+    watchdog: _Watchdog = field(default_factory=lambda: _WATCHDOG)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def get(self, timeout: float | None) -> ConnectionPool[Any]:
@@ -560,6 +587,7 @@ class _Shared:
             made.open(wait=False)
             self.pool = made
             self.pid = os.getpid()
+            self.watchdog.hold()
             return made
 
     def close(self) -> None:
@@ -567,6 +595,7 @@ class _Shared:
             pool, self.pool = self.pool, None
         if pool is not None and self.pid == os.getpid():
             pool.close(timeout=1.0)
+            self.watchdog.release()
 
 
 class PostgresqlDriver(Driver):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -405,3 +406,22 @@ def test_prepared_statements_can_be_turned_off_for_a_transaction_pooler(
             [lease] = q.lease(1, duration=5)
             lease.complete()
         q.delete()
+
+
+def test_closing_the_last_queue_ends_the_watchdog_thread(postgres_server: LocalPostgres) -> None:
+    def watchdogs() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "leasekit-postgresql-watchdog"]
+
+    others = postgresql._WATCHDOG._users  # pools other tests left open in this process
+    queues = [
+        leasekit.open(postgres_server.url(), queue=f"wd-{uuid.uuid4().hex[:8]}", create=True)
+        for _ in range(3)
+    ]
+    for q in queues:
+        q.send(b"x")
+    assert len(watchdogs()) == 1, "one watchdog thread for every pool"
+    for q in queues:
+        q.delete()
+        q.close()
+    if others == 0:
+        assert watchdogs() == []
