@@ -425,3 +425,27 @@ def test_closing_the_last_queue_ends_the_watchdog_thread(postgres_server: LocalP
         q.close()
     if others == 0:
         assert watchdogs() == []
+
+
+def test_the_password_may_come_from_libpqs_environment_or_pgpass(
+    postgres_server: LocalPostgres, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    role = f"lk_{uuid.uuid4().hex[:8]}"
+    password = f"env-{uuid.uuid4().hex}"
+    postgres_server.create_role(role, password)
+    host, port = postgres_server.host, postgres_server.port
+    url = f"postgresql://{role}@{host}:{port}/postgres?queue=q&schema={role}"
+    monkeypatch.setenv("PGPASSWORD", password)
+    with leasekit.open(url, create=True) as q:
+        q.send(b"from PGPASSWORD")
+        assert password not in repr(q.driver)
+    monkeypatch.delenv("PGPASSWORD")
+    pgpass = tmp_path / "pgpass"
+    pgpass.write_text(f"{host}:{port}:postgres:{role}:{password}\n")
+    pgpass.chmod(0o600)
+    monkeypatch.setenv("PGPASSFILE", str(pgpass))
+    with leasekit.open(url) as q:
+        [lease] = q.lease(1, duration=5)
+        assert lease.message.body == b"from PGPASSWORD"
+        lease.complete()
+        q.delete()
