@@ -389,9 +389,10 @@ class LeaseKeeper:
         now = time.monotonic()
         release_at = None if lifetime is None else now + lifetime
         entries = []
+        spread = random.random()  # one draw per call: leases added together stay together
         for lease in leases:
             held = _Held(lease, checked.get(id(lease.queue)), release_at)
-            held.due = self._first_due(lease)
+            held.due = self._first_due(lease, spread)
             entries.append(held)
         with self._cond:
             if self._state != "running":
@@ -469,15 +470,18 @@ class LeaseKeeper:
 
     # ------------------------------------------------------------- scheduling
 
-    def _first_due(self, lease: Lease) -> float:
+    def _first_due(self, lease: Lease, spread: float) -> float:
         """Monotonic time of a newly added lease's first renewal.
 
-        The first renewal point is spread up to ``JITTER`` of the lease earlier
-        at random, so a burst of leases added together does not stay one burst
-        forever; later renewals move each batch as a whole (see ``_renew``), so
-        leases renewed together stay together and share a batch call.
+        The first renewal point is spread up to ``JITTER`` of the lease earlier,
+        by ``spread`` (0–1, drawn at random once per :meth:`add_many` call), so
+        a burst of receives does not stay one burst forever, while the leases of
+        one receive, added in one call, share their first renewal call too; later
+        renewals move each batch as a whole (see ``_renew``), so leases renewed
+        together stay together and share a batch call. (A backend that renews a
+        receive batch as one row, such as PostgreSQL's, then never splits it.)
         """
-        jitter = random.random() * JITTER * lease.duration
+        jitter = spread * JITTER * lease.duration
         return lease.deadline - self._lead(lease.duration) - jitter
 
     def _lead(self, duration: float) -> float:

@@ -193,10 +193,16 @@ class BackendRegistry:
             if has_userinfo(target):
                 # Refused before parsing: a parser would quote the credential back.
                 scheme = target.partition("://")[0].lower()
-                _refuse_credentials(self.driver_class(check_scheme(scheme)), (), userinfo=True)
+                cls = self.driver_class(check_scheme(scheme))
+                if not _takes_userinfo(cls):
+                    _refuse_credentials(cls, (), userinfo=True)
             parsed = parse_url(target)
             cls = self.driver_class(parsed.scheme)
-            _refuse_credentials(cls, parsed.query, userinfo=parsed.username is not None)
+            _refuse_credentials(
+                cls,
+                parsed.query,
+                userinfo=parsed.username is not None and not _takes_userinfo(cls),
+            )
             try:
                 url_options = cls.options_from_url(parsed)
             except LeaseError as exc:
@@ -242,6 +248,16 @@ def _redacted(exc: LeaseError) -> LeaseError:
     """``exc`` with anything secret-looking in its message replaced by ``***``."""
     exc.args = tuple(redact(arg) if isinstance(arg, str) else arg for arg in exc.args)
     return exc
+
+
+def _takes_userinfo(cls: type[Driver]) -> bool:
+    """Whether ``cls`` reads a URL's ``user[:password]@`` as its own (PostgreSQL's libpq URIs).
+
+    Such a driver declares ``url_userinfo = True``; core then passes the parts to
+    :meth:`Driver.options_from_url` (``ParsedURL.username`` / ``.password``),
+    remembers the password for redaction, and shows the URL only redacted.
+    """
+    return getattr(cls, "url_userinfo", False) is True
 
 
 def _refuse_credentials(cls: type[Driver], query: Iterable[str], *, userinfo: bool) -> None:

@@ -68,6 +68,7 @@ class ServerProcess:
         cwd: working directory for the child.
         start_timeout: seconds to wait for the port to open.
         name: a short name for error messages.
+        user: the user to run the child as (a server that refuses root, run as root).
 
     The child's stdout and stderr go to a temporary file whose tail is put in
     the :class:`ServerStartError` message if the server fails to start.
@@ -83,6 +84,7 @@ class ServerProcess:
         cwd: str | None = None,
         start_timeout: float = 30.0,
         name: str | None = None,
+        user: str | None = None,
     ) -> None:
         self.argv = list(argv)
         self.port = port
@@ -91,6 +93,7 @@ class ServerProcess:
         self.cwd = cwd
         self.start_timeout = start_timeout
         self.name = name or os.path.basename(self.argv[0])
+        self.user = user
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
@@ -115,6 +118,7 @@ class ServerProcess:
             cwd=self.cwd,
             start_new_session=True,
             preexec_fn=_die_with_parent,
+            user=self.user,
         )
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:

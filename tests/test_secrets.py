@@ -471,3 +471,37 @@ def test_mns_on_the_emulator_shows_no_secret(
         ],
         None,  # the SDK logs only through a logger it is given, and leasekit gives none
     )
+
+
+def test_postgresql_shows_no_secret(caplog: pytest.LogCaptureFixture, postgres_server: Any) -> None:
+    password = f"PGPLANTED{uuid.uuid4().hex}"
+    role = f"lk_{uuid.uuid4().hex[:8]}"
+    postgres_server.create_role(role, password)
+    host, port = postgres_server.host, postgres_server.port
+    name = f"secrets-{uuid.uuid4().hex[:8]}"
+    schema = f"s_{role}"
+    in_url = f"postgresql://{role}:{password}@{host}:{port}/postgres?schema={schema}"
+    dsn = f"host={host} port={port} dbname=postgres user={role} password={password}"
+    wrong = f"WRONG{uuid.uuid4().hex}"
+    caplog.set_level(logging.DEBUG, logger="psycopg")  # psycopg sets WARNING on import
+    _check_backend(
+        caplog,
+        (password, wrong),
+        # The password three ways: in the URL, in a dsn, as a keyword.
+        lambda: leasekit.open(f"{in_url}&queue={name}", create=True),
+        lambda: leasekit.open(
+            "postgresql", queue="missing", dsn=dsn.replace(password, wrong), schema=schema
+        ),
+        [
+            ["send", f"{in_url}&queue={name}", "x"],
+            ["lease", f"{in_url}&queue={name}"],
+            ["stats", f"{in_url}&queue={name}"],
+            ["send", f"postgresql://{role}:{wrong}@{host}:{port}/postgres?queue={name}", "x"],
+        ],
+        "psycopg",
+    )
+    keywords = {"host": host, "port": port, "dbname": "postgres", "user": role}
+    with leasekit.open("postgresql", queue=name, schema=schema, password=password, **keywords) as q:
+        shown = [repr(q), repr(q.driver)]
+        q.delete()
+    _assert_clean("a repr", "\n".join(shown), (password,))

@@ -66,6 +66,7 @@ MESSAGING_SYSTEMS: dict[str, str] = {
     "azure-service-bus": "servicebus",
     "azure-storage-queue": "azure_storage_queue",
     "memory": "memory",
+    "postgresql": "postgresql",
     "sqlite": "sqlite",
 }
 

@@ -1,8 +1,8 @@
 """The ``fault_target`` fixture: each backend with a fault-injecting proxy in front of it.
 
 Parametrized over the backends the fault scenarios run on (the MNS emulator,
-moto's SQS, Azurite, leasekit's Service Bus emulator): one table, so a backend
-cannot skip a promise the others keep. Each gives a way to open a queue
+moto's SQS, Azurite, leasekit's Service Bus emulator, a real PostgreSQL): one
+table, so a backend cannot skip a promise the others keep. Each gives a way to open a queue
 *through* the proxy (the consumer under test) and *directly* (a rival consumer,
 or the test checking what the server holds), both on the same fresh queue.
 
@@ -24,6 +24,7 @@ import pytest
 
 import leasekit
 from leasekit import Queue
+from leasekit.emulators.postgres import LocalPostgres
 
 from .azurite import Azurite
 from .fault_proxy import FaultProxy, MakeProxy
@@ -46,6 +47,9 @@ class FaultTarget:
     open_direct: Callable[..., Queue]
     #: Whether the backend refuses a stale receipt (SQS does not).
     detects_stale: bool = True
+    #: A call waits, within its deadline, for the connection pool to reconnect, so a
+    #: cut shorter than the call timeout fails no call (PostgreSQL).
+    waits_out_short_cuts: bool = False
     #: Called with each new queue's name after it is created (queue settings).
     prepare: Callable[[str], None] | None = None
     #: Whether the lease is the queue's (Service Bus: its LockDuration), set at creation.
@@ -182,12 +186,27 @@ def _servicebus(make: MakeProxy, request: pytest.FixtureRequest) -> FaultTarget:
     )
 
 
+def _postgresql(make: MakeProxy, request: pytest.FixtureRequest) -> FaultTarget:
+    server: LocalPostgres = request.getfixturevalue("postgres_server")
+    proxy = make(server.port)
+
+    def proxied(name: str, **options: Any) -> Queue:
+        url = f"postgresql://postgres@{proxy.host}:{proxy.port}/postgres"
+        return leasekit.open(url, queue=name, **options)
+
+    def direct(name: str, **options: Any) -> Queue:
+        return leasekit.open(server.url(), queue=name, **options)
+
+    return FaultTarget("postgresql", proxy, proxied, direct, waits_out_short_cuts=True)
+
+
 #: The backends the fault scenarios run on, by scheme.
 FAULT_BACKENDS: dict[str, Callable[[MakeProxy, pytest.FixtureRequest], FaultTarget]] = {
     "aliyun-mns": _mns,
     "aws-sqs": _sqs,
     "azure-service-bus": _servicebus,
     "azure-storage-queue": _azure,
+    "postgresql": _postgresql,
 }
 
 

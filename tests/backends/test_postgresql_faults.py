@@ -1,0 +1,141 @@
+"""PostgreSQL restarts under a working consumer: nothing lost, nothing stuck, losses reported.
+
+Each test has a server of its own (``postgres_private``) and stops and starts it
+while a keeper or a :class:`leasekit.Consumer` works against it. The outages end
+on an event (a lease reported lost, receives failing), never after a guessed
+sleep. The network-level faults (a cut connection, a blackholed one) are in
+``tests/test_faults.py``, which runs every scenario on PostgreSQL behind the
+fault proxy too.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+
+import leasekit
+from leasekit import LeaseKeeper, LeaseLost, LeaseState
+from leasekit.emulators.postgres import LocalPostgres
+
+RecordProperty = Callable[[str, object], None]
+#: How late (seconds after its deadline) a lease may be reported lost.
+LOST_WITHIN = 1.0
+
+
+def _wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.01)
+
+
+@pytest.mark.slow
+def test_a_lease_that_ends_while_the_server_is_down_is_reported_lost_and_comes_back(
+    postgres_private: LocalPostgres, record_property: RecordProperty
+) -> None:
+    url = postgres_private.url()
+    name = f"restart-{uuid.uuid4().hex[:8]}"
+    with leasekit.open(url, queue=name, create=True) as queue:
+        queue.send_many([b"a", b"b", b"c"])
+        leases = queue.lease(3, duration=2)
+        assert len(leases) == 3
+        reported: dict[str, float] = {}
+        deadlines = {lz.message.id: time.monotonic() + lz.time_left for lz in leases}
+
+        def on_lost(lease: leasekit.Lease, error: LeaseLost) -> None:
+            reported.setdefault(lease.message.id, time.monotonic())
+
+        with LeaseKeeper(on_lost=on_lost) as keeper:
+            keeper.add_many(leases)
+            postgres_private.stop("immediate")  # a crash: no clean goodbye to clients
+            _wait_until(lambda: len(reported) == 3, 2 + LOST_WITHIN + 2, "the leases lost")
+            postgres_private.start()
+        late = max(reported[m] - deadlines[m] for m in deadlines)
+        record_property("reported_lost_after_expiry_max_s", round(late, 3))
+        assert late <= LOST_WITHIN
+        assert all(lz.state is LeaseState.LOST for lz in leases)
+        assert keeper.stats.lost == 3
+        # After the restart the same queue object works again, and the messages are back.
+        again = []
+        deadline = time.monotonic() + 15
+        while len(again) < 3 and time.monotonic() < deadline:
+            again += queue.lease(3 - len(again), duration=30, wait=1)
+        assert sorted(lz.message.body for lz in again) == [b"a", b"b", b"c"]
+        assert all(lz.message.delivery_count == 2 for lz in again)
+        with pytest.raises(LeaseLost):
+            leases[0].complete()
+        assert queue.complete_many(again) == [None] * 3
+        queue.delete()
+
+
+@pytest.mark.slow
+def test_a_consumer_rides_out_a_server_restart(
+    postgres_private: LocalPostgres, record_property: RecordProperty
+) -> None:
+    url = postgres_private.url()
+    name = f"restart-{uuid.uuid4().hex[:8]}"
+    bodies = [f"{i}-{uuid.uuid4().hex[:6]}".encode() for i in range(300)]
+    with leasekit.open(url, queue=name, create=True) as direct:
+        direct.send_many(bodies)
+    handled: Counter[bytes] = Counter()
+    lock = threading.Lock()
+
+    def handler(message: leasekit.Message) -> None:
+        time.sleep(0.01)
+        with lock:
+            handled[message.body] += 1
+
+    queue = leasekit.open(url, queue=name)
+    consumer = leasekit.Consumer(
+        queue, handler, concurrency=4, lease_duration=2, handle_signals=False
+    )
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(consumer.run(until_idle=True))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    try:
+        _wait_until(lambda: sum(handled.values()) >= 50, 30, "the consumer to get going")
+        postgres_private.stop("fast")
+        stopped = time.monotonic()
+        # Down until leases in flight ran out and receives failed: a real outage.
+        _wait_until(
+            lambda: consumer.stats.lost >= 1 and consumer.stats.receive_errors >= 1,
+            15,
+            "leases lost and receives failing while the server is down",
+        )
+        assert worker.is_alive() and not outcome, f"run() ended in the outage: {outcome}"
+        postgres_private.start()
+        record_property("outage_s", round(time.monotonic() - stopped, 2))
+        worker.join(120)
+    finally:
+        consumer.stop()
+        worker.join(15)
+    assert outcome and isinstance(outcome[0], leasekit.ConsumerStats), f"run() ended: {outcome}"
+    stats = outcome[0]
+    record_property("lost", stats.lost)
+    record_property("receive_errors", stats.receive_errors)
+    # Leases lost in the outage come back after their lease: take them as another
+    # consumer would (run(until_idle=True) does not wait for invisible messages).
+    with leasekit.open(url, queue=name) as direct:
+        back_by = time.monotonic() + 10
+        while set(bodies) - set(handled) and time.monotonic() < back_by:
+            for lease in direct.lease(50, duration=30, wait=1):
+                handled[lease.message.body] += 1
+                lease.complete()
+        missing = set(bodies) - set(handled)
+        assert not missing, f"{len(missing)} messages never handled; {stats}"
+        assert direct.lease(1, duration=5, wait=0.5) == [], "a handled message is still queued"
+        direct.delete()
+    queue.close()
