@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from .async_harness import AsyncUrlHarness
 from .harness import CountingDriver, Harness, UrlHarness
+from .ordered import OrderedSuite
 from .suite import ConformanceSuite, conformance_property
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "ConformanceSuite",
     "CountingDriver",
     "Harness",
+    "OrderedSuite",
     "UrlHarness",
     "conformance_property",
 ]

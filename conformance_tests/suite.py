@@ -43,6 +43,7 @@ from leasekit.capabilities import COUNT_FIELDS
 from leasekit.queue import Queue
 
 from .harness import CountingDriver, Harness
+from .ordered import OrderedSuite
 
 __all__ = ["ConformanceSuite", "conformance_property"]
 
@@ -146,8 +147,11 @@ def _wait_redelivery(queue: Queue, duration: float, lease_duration: float) -> Le
     return _lease_one(queue, lease_duration, wait=duration + MARGIN)
 
 
-class ConformanceSuite:
-    """Mixin of conformance tests; a subclass supplies a ``harness`` fixture."""
+class ConformanceSuite(OrderedSuite):
+    """Mixin of conformance tests; a subclass supplies a ``harness`` fixture.
+
+    The *ordered* section (:class:`~leasekit.conformance.OrderedSuite`) comes with it.
+    """
 
     # ------------------------------------------------------------- fixtures
 

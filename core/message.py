@@ -16,7 +16,8 @@ class Message:
 
     ``id`` is stable across redeliveries (use it for idempotency);
     ``delivery_count`` is 1 on first delivery and grows by one each time the
-    message is leased again.
+    message is leased again. ``group`` is the ordered group it was sent in
+    (``Queue.send(..., group=...)``), ``None`` on an unordered message or queue.
     """
 
     id: str
@@ -24,6 +25,7 @@ class Message:
     delivery_count: int
     enqueued_at: datetime
     properties: Mapping[str, str] = field(default_factory=dict)
+    group: str | None = None
 
 
 class LeaseState(enum.Enum):
