@@ -172,6 +172,11 @@ def outgoing(
     if not is_number(delay) or not math.isfinite(delay) or delay < 0:  # type: ignore[operator, arg-type]
         raise errors.InvalidArgument(f"delay must be a number of seconds >= 0, got {delay!r}")
     delay_s = float(delay)  # type: ignore[arg-type]
+    if group_s is not None and delay_s > 0:
+        raise errors.InvalidArgument(
+            f"a message of group {group_s!r} cannot be delayed (delay={delay_s:g}): "
+            "it would hold up the messages sent after it in its group"
+        )
     if delay_s > 0 and caps.max_send_delay <= 0:
         raise errors.UnsupportedOperation(f"{scheme} cannot delay a sent message")
     if delay_s > caps.max_send_delay:
@@ -189,11 +194,6 @@ def outgoing(
             raise errors.InvalidArgument(
                 f"{scheme} keeps a message for at most {caps.max_ttl:g} s, got ttl={ttl_s:g}"
             )
-    if group_s is not None and delay_s > 0:
-        raise errors.InvalidArgument(
-            f"a message of group {group_s!r} cannot be delayed (delay={delay_s:g}): "
-            "it would hold up the messages sent after it in its group"
-        )
     if ttl_s is not None and delay_s >= ttl_s:
         raise errors.InvalidArgument(
             f"delay ({delay_s:g} s) must be shorter than ttl ({ttl_s:g} s): the message "
