@@ -45,6 +45,7 @@ from .worker_policy import (
     Tally,
     Worker,
     WorkerSettings,
+    completion_window,
     retry_flow,
     transient,
 )
@@ -90,7 +91,7 @@ class _Completer:
         if len(self._pending) >= self._size:
             self._flush()
         elif self._timer is None:
-            self._timer = loop.call_later(self._window, self._flush)
+            self._timer = loop.call_later(completion_window([lease], self._window), self._flush)
         return future
 
     def holds(self, lease: Lease) -> bool:
@@ -273,7 +274,9 @@ class AsyncConsumer:
         self._pulse.begin()
         self._tick()
         completer = _Completer(
-            self.queue, self.queue.capabilities.max_delete_batch, self.batch_window
+            self.queue,
+            self.queue.capabilities.max_delete_batch,
+            self.batch_window,
         )
         ready = asyncio.Condition()
         workers = [

@@ -35,6 +35,7 @@ from .worker_policy import (
     Tally,
     Worker,
     WorkerSettings,
+    completion_window,
     retry_flow,
 )
 
@@ -102,7 +103,7 @@ class _GroupCompleter:
                 # Lead: gather others briefly, then settle one batch for everyone in it.
                 self.leading = True
                 try:
-                    deadline = time.monotonic() + self.window
+                    deadline = time.monotonic() + completion_window(self.waiting, self.window)
                     while len(self.waiting) < min(self.size, self.in_flight()):
                         remaining = deadline - time.monotonic()
                         if remaining <= 0:
@@ -451,6 +452,8 @@ class Consumer:
         mean = self._handler_mean
         if mean is None or buffered <= 1 or self._nested_hooks:
             return 1
+        if buffered <= self.concurrency and self._buffer.grouped():
+            return 1  # few groups free: one each, so they run in parallel, not in one chunk
         fits = int(self.batch_window / mean) if mean > 0 else self._max_chunk
         return max(1, min(fits, self._max_chunk, buffered))
 

@@ -80,6 +80,7 @@ __all__ = [
     "WorkerSettings",
     "abandon_delay",
     "completion_outcome",
+    "completion_window",
     "poison_reason",
     "receive_pause",
     "retry_flow",
@@ -270,6 +271,19 @@ class WorkerSettings:
         return seconds
 
 
+def completion_window(leases: Iterable[Lease], batch_window: float) -> float:
+    """How long completing ``leases`` waits for others to share its batch call.
+
+    ``batch_window``, unless a lease is of an ordered group: its group's next
+    message waits for this completion, so it waits for no company (completions
+    arriving together still share a call).
+    """
+    for lease in leases:
+        if lease.message.group is not None:
+            return 0.0
+    return batch_window
+
+
 def poison_reason(delivery_count: int, max_deliveries: int | None) -> str | None:
     """Why a message delivered ``delivery_count`` times is poison, or ``None`` if it is not."""
     if max_deliveries is None or delivery_count <= max_deliveries:
@@ -355,6 +369,10 @@ class FreeBuffer(deque[Lease]):
         """A taken message is settled (nothing waits for it here): nothing to give back."""
         return []
 
+    def grouped(self) -> bool:
+        """Whether some group's messages are buffered or in hand (never, here)."""
+        return False
+
     def given_back(self, message_id: str) -> int:
         """Deliveries of ``message_id`` that ended unhandled for order's sake (none here)."""
         return 0
@@ -393,6 +411,10 @@ class GroupBuffer:
     def takeable(self) -> int:
         """How many messages workers may take now (one per free group, plus ungrouped ones)."""
         return len(self._ready)
+
+    def grouped(self) -> bool:
+        """Whether some group's messages are buffered or in a worker's hands."""
+        return bool(self._held)
 
     def extend(self, leases: Iterable[Lease]) -> None:
         """Add received messages, in the order received."""
