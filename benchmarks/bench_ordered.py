@@ -97,7 +97,9 @@ def raw_consume(client: Any, url: str, total: int) -> int:
             continue
         client.delete_message_batch(
             QueueUrl=url,
-            Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)],
+            Entries=[
+                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)
+            ],
         )
         done += len(messages)
     return done
@@ -208,9 +210,7 @@ def fifo_part(args: argparse.Namespace) -> str:
 # --------------------------------------------------------------- groups part
 
 
-def consumer_rate(
-    groups: int | None, messages: int, concurrency: int, handler_s: float
-) -> float:
+def consumer_rate(groups: int | None, messages: int, concurrency: int, handler_s: float) -> float:
     queue = leasekit.open("memory", queue="ordered-bench", broker=MemoryBroker(), create=True)
     try:
         bodies = [b"x%d" % i for i in range(messages)]
