@@ -19,8 +19,8 @@ URLs:
     ``aws_secret_access_key``, ``aws_session_token``, or a ready ``client``; they
     are refused in a URL and never appear in a repr or message. Constructing the
     driver does no network I/O: the boto3 client is created on first use and
-    shared with :meth:`SqsDriver.sibling` drivers. FIFO queues (``*.fifo``) are
-    not supported yet and are refused when opened.
+    shared with :meth:`SqsDriver.sibling` drivers. A queue named ``*.fifo`` is a
+    FIFO queue (``create=True`` creates it with ``FifoQueue=true``): see below.
 
 Delivery semantics:
     At least once. A lease is ``ReceiveMessage`` with ``VisibilityTimeout`` (the
@@ -51,6 +51,19 @@ Delivery semantics:
     Reading dead letters back (``peek_dead_letters``) receives them with a 30 s
     visibility and then releases them (visibility 0): SQS cannot peek, so this
     raises their receive count in the DLQ.
+
+    FIFO queues (``capabilities.ordered`` and ``deduplicates``): every message
+    needs ``group=`` (SQS's ``MessageGroupId``; a send without one is refused
+    before any call) and cannot be delayed. SQS hands a group's messages out in
+    the order sent, possibly several in one receive, and none of the group while
+    any of them is in flight; ``lease.message.group`` is read back from the
+    ``MessageGroupId`` attribute. Each send carries a deduplication id:
+    ``dedup_key=`` when given, else none where the queue has
+    ``ContentBasedDeduplication`` (SQS hashes the body), else a fresh UUID per
+    message — so a send core retries after a timeout may be stored twice, as on a
+    standard queue; give ``dedup_key=`` to make retries safe. (Asked once with
+    ``GetQueueAttributes``, on the first send.) Dead letters go to the redrive
+    DLQ or to ``<name>-poison.fifo``, a FIFO queue too, each copy in its group.
 
 Limits:
     Leases 1 s – 12 h in whole seconds (SQS accepts 0–43200 s; a 0 s lease hides
@@ -112,6 +125,7 @@ import math
 import re
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -172,6 +186,9 @@ COUNT_ATTRIBUTES = [
 _ATTRIBUTE_NAME = re.compile(r"^(?!\.)(?!.*\.\.)(?!.*\.$)[A-Za-z0-9_.-]{1,256}$")
 _BAD_TEXT = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
+#: A FIFO queue's name: up to 80 characters with the ``.fifo`` suffix.
+_FIFO_NAME = re.compile(r"^[A-Za-z0-9_-]{1,75}\.fifo$")
+_FIFO = ".fifo"
 _ACCOUNT = re.compile(r"^\d{12}$")
 _XML_CODE = re.compile(r"<Code>([^<]+)</Code>")
 _XML_MESSAGE = re.compile(r"<Message>([^<]*)</Message>")
@@ -431,11 +448,10 @@ class SqsDriver(Driver):
                 region = match.group(1)
         else:
             name = queue
-        if not _QUEUE_NAME.match(name):
-            if name.endswith(".fifo"):
-                raise ValueError(f"aws-sqs: FIFO queues ({name!r}) are not supported yet")
+        if not (_QUEUE_NAME.match(name) or _FIFO_NAME.match(name)):
             raise ValueError(
-                f"aws-sqs: {name!r} is not a queue name (1-80 letters, digits, '-' or '_')"
+                f"aws-sqs: {name!r} is not a queue name (1-80 letters, digits, '-' or '_'; "
+                "a FIFO queue's ends in '.fifo')"
             )
         if account is not None and (
             isinstance(account, bool)
@@ -472,7 +488,13 @@ class SqsDriver(Driver):
             if _connection is not None
             else _Connection(self._make_client, client)
         )
+        self.fifo = name.endswith(_FIFO)
+        self._content_based: bool | None = None  # the FIFO queue's ContentBasedDeduplication
         self.capabilities = CAPABILITIES.replace(max_message_size=(size - ATTRIBUTE_ROOM) // 4 * 3)
+        if self.fifo:
+            self.capabilities = self.capabilities.replace(
+                ordered=True, deduplicates=True, max_send_delay=0.0
+            )
 
     @classmethod
     def options_from_url(cls, url: ParsedURL) -> dict[str, Any]:
@@ -551,8 +573,39 @@ class SqsDriver(Driver):
     # --------------------------------------------------------------- messages
 
     def validate(self, message: OutgoingMessage) -> None:
-        """Refuse a message whose body and properties together pass the queue's limit, encoded."""
+        """Refuse a message whose body and properties together pass the queue's limit, encoded.
+
+        On a FIFO queue, also one without a group (SQS requires ``MessageGroupId``).
+        """
+        if self.fifo and message.group is None:
+            raise DriverError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"aws-sqs: FIFO queue {self.queue!r} needs a group on every message "
+                "(send(..., group=...))",
+                backend_code="MissingParameter",
+            )
         self._encode(message)
+
+    def _ordering(self, message: OutgoingMessage) -> dict[str, str]:
+        """A FIFO send's ``MessageGroupId`` and ``MessageDeduplicationId`` (none elsewhere)."""
+        if not self.fifo or message.group is None:
+            return {}
+        extra = {"MessageGroupId": message.group}
+        if message.dedup_key is not None:
+            extra["MessageDeduplicationId"] = message.dedup_key
+        elif not self._deduplicates_content():
+            extra["MessageDeduplicationId"] = uuid.uuid4().hex
+        return extra
+
+    def _deduplicates_content(self) -> bool:
+        """Whether the FIFO queue has ``ContentBasedDeduplication`` (asked once)."""
+        if self._content_based is None:
+            response = self.client.get_queue_attributes(
+                QueueUrl=self._url(), AttributeNames=["ContentBasedDeduplication"]
+            )
+            value = response.get("Attributes", {}).get("ContentBasedDeduplication", "false")
+            self._content_based = str(value).lower() == "true"
+        return self._content_based
 
     def send(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
         """``SendMessage`` for one; ``SendMessageBatch`` for several, split by the size limit.
@@ -564,6 +617,7 @@ class SqsDriver(Driver):
         if len(messages) == 1:
             body, attributes = encoded[0]
             kwargs = _send_kwargs(body, attributes, messages[0].delay)
+            kwargs.update(self._ordering(messages[0]))
             response = self.client.send_message(QueueUrl=self._url(), **kwargs)
             return [str(response["MessageId"])]
         results: list[str | BaseException] = [
@@ -576,7 +630,9 @@ class SqsDriver(Driver):
             if groups[-1] and group_size + size > self._maximum_message_size:
                 groups.append([])
                 group_size = 0
-            groups[-1].append((index, _send_kwargs(body, attributes, message.delay)))
+            kwargs = _send_kwargs(body, attributes, message.delay)
+            kwargs.update(self._ordering(message))
+            groups[-1].append((index, kwargs))
             group_size += size
         url = self._url()
         for group in groups:
@@ -598,7 +654,7 @@ class SqsDriver(Driver):
             MaxNumberOfMessages=max_messages,
             VisibilityTimeout=int(visibility),
             WaitTimeSeconds=wait_seconds,
-            MessageSystemAttributeNames=["ApproximateReceiveCount", "SentTimestamp"],
+            MessageSystemAttributeNames=_SYSTEM_ATTRIBUTES,
             MessageAttributeNames=["All"],
         )
         messages = response.get("Messages", [])
@@ -617,6 +673,7 @@ class SqsDriver(Driver):
             visible_until=until,
             properties=_decode_properties(m.get("MessageAttributes", {})),
             raw=m,
+            group=attributes.get("MessageGroupId") if self.fifo else None,
         )
 
     def change_visibility(
@@ -700,7 +757,7 @@ class SqsDriver(Driver):
                     MaxNumberOfMessages=min(BATCH, limit - len(seen)),
                     VisibilityTimeout=PEEK_HIDE,
                     WaitTimeSeconds=0 if seen else 1,
-                    MessageSystemAttributeNames=["ApproximateReceiveCount", "SentTimestamp"],
+                    MessageSystemAttributeNames=_SYSTEM_ATTRIBUTES,
                     MessageAttributeNames=["All"],
                 )
                 messages = response.get("Messages", [])
@@ -738,7 +795,14 @@ class SqsDriver(Driver):
         return visible, leased, delayed
 
     def sibling(self, queue: str) -> SqsDriver:
-        """Another queue of the same account and region, sharing this driver's client."""
+        """Another queue of the same account and region, sharing this driver's client.
+
+        From a FIFO queue, core's ``<name>.fifo-poison`` is ``<name>-poison.fifo``
+        (a FIFO queue's dead letters must go to a FIFO queue).
+        """
+        base, fifo, rest = queue.partition(_FIFO)
+        if self.fifo and fifo and rest:
+            queue = base + rest + _FIFO
         return SqsDriver(
             queue=queue,
             region=self.region,
@@ -752,8 +816,11 @@ class SqsDriver(Driver):
 
     def create_queue(self) -> None:
         """``CreateQueue`` (a no-op for an existing queue with default attributes)."""
+        attributes = {"FifoQueue": "true"} if self.fifo else {}
         try:
-            url: str = self.client.create_queue(QueueName=self.queue)["QueueUrl"]
+            url: str = self.client.create_queue(QueueName=self.queue, Attributes=attributes)[
+                "QueueUrl"
+            ]
         except Exception as exc:
             if self.error_code(exc) is not ErrorCode.QUEUE_EXISTS:
                 raise
@@ -832,6 +899,10 @@ class SqsDriver(Driver):
 
 
 # --------------------------------------------------------------------- helpers
+
+
+#: The system attributes a receive asks for (``MessageGroupId``: FIFO queues only have it).
+_SYSTEM_ATTRIBUTES = ["ApproximateReceiveCount", "SentTimestamp", "MessageGroupId"]
 
 
 def _send_kwargs(body: str, attributes: dict[str, Any], delay: float) -> dict[str, Any]:

@@ -16,6 +16,11 @@ Delivery semantics:
     Checkpoints are native: kept with the message (up to ``max_message_size``
     bytes), handed to every later holder, dropped with the message.
     Delivery order: by visibility time, then send order.
+    Ordered groups (``send(..., group=...)``, ``capabilities.ordered``): a group's
+    messages wait behind its oldest one (the head), which is handed out when it
+    is visible; while it is leased (or abandoned with a delay) the group waits,
+    and it is handed out again, before the rest, until it is completed or
+    dead-lettered. One message per group per receive.
 
 Limits:
     Leases 0.01 s – 7 days at millisecond resolution; 256 messages per receive,
@@ -39,6 +44,7 @@ import itertools
 import secrets
 import threading
 import weakref
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -99,6 +105,9 @@ class _Record:
     version: int = 0
     #: Key of this record's live heap entry (may be earlier than visible_at: lazy).
     heap_at: float = 0.0
+    #: The ordered group (``None``: unordered). A grouped record is never on the
+    #: queue's heap: its group is, keyed by its head.
+    group: str | None = None
 
 
 @dataclass
@@ -115,6 +124,49 @@ class _MemoryQueue:
     records: dict[str, _Record] = field(default_factory=dict)
     heap: list[tuple[float, int, str, int]] = field(default_factory=list)
     dead: list[_Dead] = field(default_factory=list)
+    #: Ordered groups: each group's records in send order (the head first).
+    groups: dict[str, deque[_Record]] = field(default_factory=dict)
+    #: Groups by their head's visibility time, then its seq (lazy, like ``heap``).
+    group_heap: list[tuple[float, int, str, int]] = field(default_factory=list)
+    #: Per group: (version, key) of its live ``group_heap`` entry.
+    group_entry: dict[str, tuple[int, float]] = field(default_factory=dict)
+
+    def file_group(self, group: str) -> None:
+        """File ``group`` in the group heap at its head's visibility time (superseding)."""
+        records = self.groups.get(group)
+        if not records:
+            self.groups.pop(group, None)
+            self.group_entry.pop(group, None)
+            return
+        head = records[0]
+        version = self.group_entry.get(group, (0, 0.0))[0] + 1
+        self.group_entry[group] = (version, head.visible_at)
+        heapq.heappush(self.group_heap, (head.visible_at, head.seq, group, version))
+
+    def add(self, rec: _Record) -> None:
+        """A sent record: on the heap, or at the end of its group."""
+        self.records[rec.id] = rec
+        if rec.group is None:
+            self.push(rec)
+            return
+        records = self.groups.setdefault(rec.group, deque())
+        records.append(rec)
+        if len(records) == 1:
+            self.file_group(rec.group)
+
+    def remove(self, rec: _Record) -> None:
+        """Drop ``rec`` (completed, dead-lettered, expired); its group's next one becomes head."""
+        self.records.pop(rec.id, None)
+        if rec.group is None:
+            return
+        records = self.groups.get(rec.group)
+        if not records:
+            return
+        if records[0] is rec:
+            records.popleft()
+            self.file_group(rec.group)
+        else:
+            records.remove(rec)
 
     def push(self, rec: _Record) -> None:
         """File ``rec`` in the heap at its ``visible_at`` (superseding its older entry)."""
@@ -123,10 +175,11 @@ class _MemoryQueue:
         heapq.heappush(self.heap, (rec.visible_at, rec.seq, rec.id, rec.version))
         if len(self.heap) > 4 * len(self.records) + 1024:
             # Superseded entries pile up under heavy abandon traffic; rebuild.
-            for r in self.records.values():
+            free = [r for r in self.records.values() if r.group is None]
+            for r in free:
                 r.version += 1
                 r.heap_at = r.visible_at
-            self.heap = [(r.visible_at, r.seq, r.id, r.version) for r in self.records.values()]
+            self.heap = [(r.visible_at, r.seq, r.id, r.version) for r in free]
             heapq.heapify(self.heap)
 
     def move(self, rec: _Record, visible_at: float) -> None:
@@ -136,6 +189,12 @@ class _MemoryQueue:
         operation; the entry is re-filed when it reaches the top). Earlier: re-file now.
         """
         rec.visible_at = visible_at
+        if rec.group is not None:
+            # Only a head is ever leased; earlier than its group's entry: re-file now.
+            entry = self.group_entry.get(rec.group)
+            if entry is not None and visible_at < entry[1]:
+                self.file_group(rec.group)
+            return
         if visible_at < rec.heap_at:
             self.push(rec)
 
@@ -225,6 +284,7 @@ CAPABILITIES = Capabilities(
     counts=frozenset({"visible", "leased", "delayed", "dead_lettered"}),
     inspect_dead_letters=True,
     native_checkpoint=True,
+    ordered=True,
 )
 
 
@@ -292,7 +352,7 @@ class MemoryDriver(Driver):
         if rec is None:
             raise _lost(f"message {message_id!r} is gone (completed or expired)")
         if rec.expires_at is not None and rec.expires_at <= now:
-            del q.records[message_id]
+            q.remove(rec)
             raise _lost(f"message {message_id!r} expired (time-to-live)")
         if rec.receipt != receipt:
             raise _lost(f"receipt for {message_id!r} is stale: the message was leased again")
@@ -317,9 +377,9 @@ class MemoryDriver(Driver):
                     visible_at=now + message.delay,
                     expires_at=now + message.ttl if message.ttl is not None else None,
                     seq=broker.next_seq(),
+                    group=message.group,
                 )
-                q.records[message_id] = rec
-                q.push(rec)
+                q.add(rec)
                 ids.append(message_id)
             broker.cond.notify_all()
             return ids
@@ -341,24 +401,26 @@ class MemoryDriver(Driver):
         q = self._q()
         now = self._clock.time()
         out: list[RawMessage] = []
-        heap = q.heap
-        while heap and len(out) < max_messages and heap[0][0] <= now:
-            _, _, message_id, version = heapq.heappop(heap)
-            rec = q.records.get(message_id)
-            if rec is None or rec.version != version:
-                continue
-            if rec.expires_at is not None and rec.expires_at <= now:
-                del q.records[message_id]
-                continue
-            if rec.visible_at > rec.heap_at:
-                # Renewed since it was filed: re-file it at its real time, even if
-                # that has passed too, so delivery order stays visibility time, then seq.
-                q.push(rec)
+        heap, groups = q.heap, q.group_heap
+        while len(out) < max_messages:
+            # The earlier of the next free message and the next group's head.
+            free = bool(heap) and heap[0][0] <= now
+            grouped = bool(groups) and groups[0][0] <= now
+            if grouped and (not free or groups[0][:2] < heap[0][:2]):
+                rec = self._next_head(q, now)
+            elif free:
+                rec = self._next_free(q, now)
+            else:
+                break
+            if rec is None:
                 continue
             rec.delivery_count += 1
-            rec.receipt = f"{message_id}:{secrets.token_hex(8)}"
+            rec.receipt = f"{rec.id}:{secrets.token_hex(8)}"
             rec.visible_at = now + visibility
-            q.push(rec)
+            if rec.group is None:
+                q.push(rec)
+            else:
+                q.file_group(rec.group)  # held: the group waits until the head's lease ends
             out.append(
                 RawMessage(
                     id=rec.id,
@@ -369,9 +431,44 @@ class MemoryDriver(Driver):
                     visible_until=to_datetime(rec.visible_at),
                     properties=dict(rec.properties),
                     checkpoint=rec.checkpoint,
+                    group=rec.group,
                 )
             )
         return out
+
+    @staticmethod
+    def _next_free(q: _MemoryQueue, now: float) -> _Record | None:
+        """Pop the heap's top: the unordered record to hand out, or ``None`` (look again)."""
+        _, _, message_id, version = heapq.heappop(q.heap)
+        rec = q.records.get(message_id)
+        if rec is None or rec.version != version:
+            return None
+        if rec.expires_at is not None and rec.expires_at <= now:
+            del q.records[message_id]
+            return None
+        if rec.visible_at > rec.heap_at:
+            # Renewed since it was filed: re-file it at its real time, even if
+            # that has passed too, so delivery order stays visibility time, then seq.
+            q.push(rec)
+            return None
+        return rec
+
+    @staticmethod
+    def _next_head(q: _MemoryQueue, now: float) -> _Record | None:
+        """Pop the group heap's top: the group's head to hand out, or ``None`` (look again)."""
+        _, _, group, version = heapq.heappop(q.group_heap)
+        entry = q.group_entry.get(group)
+        records = q.groups.get(group)
+        if entry is None or entry[0] != version or not records:
+            return None
+        head = records[0]
+        if head.expires_at is not None and head.expires_at <= now:
+            q.remove(head)  # the next one is head now (re-filed)
+            return None
+        if head.visible_at > now:  # renewed since filed: the group still waits
+            q.file_group(group)
+            return None
+        return head
 
     def change_visibility(
         self, receipts: Sequence[str], seconds: float
@@ -459,7 +556,9 @@ class MemoryDriver(Driver):
                 except DriverError as exc:
                     results.append(exc)
                     continue
-                del q.records[rec.id]
+                q.remove(rec)
+                if rec.group is not None:
+                    self.broker.cond.notify_all()  # its group's next message is free now
                 results.append(None)
         return results
 
@@ -469,7 +568,7 @@ class MemoryDriver(Driver):
             q = self._q()
             now = self._clock.time()
             rec = self._held(q, receipt, now)
-            del q.records[rec.id]
+            q.remove(rec)
             letter = DeadLetter(
                 id=rec.id,
                 body=rec.body,
@@ -477,8 +576,11 @@ class MemoryDriver(Driver):
                 delivery_count=rec.delivery_count,
                 properties=dict(rec.properties),
                 enqueued_at=to_datetime(now),
+                group=rec.group,
             )
             q.dead.append(_Dead(letter))
+            if rec.group is not None:
+                self.broker.cond.notify_all()
 
     def dead_letters(self, limit: int) -> list[DeadLetter]:
         """The oldest ``limit`` dead letters."""
@@ -567,6 +669,7 @@ class MemoryDeadLetters(MemoryDriver):
                             reason=letter.reason,
                             delivery_count=letter.delivery_count,
                         ),
+                        group=letter.group,
                     )
                 )
             return out

@@ -16,7 +16,13 @@ Delivery semantics:
     Checkpoints are native: a column of the message's row (up to
     ``max_message_size`` bytes), written in the same statement as the renewal
     and only while the receipt is current; deleted with the message.
-    Delivery order: by visibility time, then send order. Dead letters go to a
+    Delivery order: by visibility time, then send order. Ordered groups
+    (``send(..., group=...)``): a grouped row is eligible only while it is its
+    group's oldest live row (the head) and visible, so a leased or abandoned head
+    holds its group, comes back first, and one message per group goes per
+    receive; the rule holds across processes, as a receive is one transaction.
+    A receive scans the visible rows in delivery order, so a deep group whose
+    head is leased costs a scan of its rows per poll. Dead letters go to a
     table in the same file. The file uses WAL; with ``synchronous=NORMAL`` (the
     default) a power loss can lose the last transactions but never corrupts the
     file, and a process crash loses nothing; ``FULL`` syncs every commit.
@@ -39,7 +45,6 @@ Errors:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
@@ -124,8 +129,12 @@ CREATE INDEX IF NOT EXISTS leasekit_dead_letters_queue ON leasekit_dead_letters 
 #: The messages a receive takes, in delivery order (then updated by seq, in
 #: the same transaction; RETURNING has no order, so the order comes from here).
 _PICK = """
-SELECT seq FROM leasekit_messages
+SELECT seq FROM leasekit_messages AS m
 WHERE queue = :queue AND visible_at <= :now AND (expires_at IS NULL OR expires_at > :now)
+AND (grp IS NULL OR seq = (
+    SELECT min(h.seq) FROM leasekit_messages AS h
+    WHERE h.queue = :queue AND h.grp = m.grp AND (h.expires_at IS NULL OR h.expires_at > :now)
+))
 ORDER BY visible_at, seq
 LIMIT :limit
 """
@@ -136,7 +145,7 @@ SET visible_at = ?,
     delivery_count = delivery_count + 1,
     receipt = CAST(seq AS TEXT) || '.' || lower(hex(randomblob(8)))
 WHERE seq IN ({})
-RETURNING seq, id, body, properties, enqueued_at, delivery_count, receipt, checkpoint
+RETURNING seq, id, body, properties, enqueued_at, delivery_count, receipt, checkpoint, grp
 """
 
 _HELD = "seq = ? AND receipt = ? AND queue = ? AND (expires_at IS NULL OR expires_at > ?)"
@@ -148,7 +157,16 @@ _CHECKPOINT = f"UPDATE leasekit_messages SET visible_at = ?, checkpoint = ? WHER
 _DEAD_LETTER_LEASE_COLUMNS = {
     "visible_at": "REAL NOT NULL DEFAULT 0",
     "receipt": "TEXT",
+    "grp": "TEXT",
 }
+#: Columns of ``leasekit_messages`` added to a file made before they existed: the
+#: checkpoint, and the ordered group (``NULL``: unordered) with the index that
+#: finds a group's head.
+_MESSAGE_COLUMNS = {"checkpoint": "BLOB", "grp": "TEXT"}
+_GROUP_INDEX = (
+    "CREATE INDEX IF NOT EXISTS leasekit_messages_group "
+    "ON leasekit_messages (queue, grp, seq) WHERE grp IS NOT NULL"
+)
 
 #: Lease free dead letters, oldest first (a re-drive's receive).
 _RECEIVE_DEAD = """
@@ -159,7 +177,7 @@ WHERE seq IN (
     SELECT seq FROM leasekit_dead_letters
     WHERE queue = :queue AND visible_at <= :now ORDER BY seq LIMIT :limit
 )
-RETURNING seq, id, body, properties, delivery_count, reason, dead_lettered_at, receipt
+RETURNING seq, id, body, properties, delivery_count, reason, dead_lettered_at, receipt, grp
 """
 
 
@@ -220,6 +238,7 @@ CAPABILITIES = Capabilities(
     counts=frozenset({"visible", "leased", "delayed", "dead_lettered"}),
     inspect_dead_letters=True,
     native_checkpoint=True,
+    ordered=True,
 )
 
 
@@ -303,7 +322,8 @@ class SqliteDriver(Driver):
         conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
         conn.executescript(SCHEMA)
         _add_dead_letter_lease_columns(conn)
-        _add_checkpoint_column(conn)
+        _add_columns(conn, "leasekit_messages", _MESSAGE_COLUMNS)
+        conn.execute(_GROUP_INDEX)
         self._conn = conn
         return conn
 
@@ -338,6 +358,7 @@ class SqliteDriver(Driver):
                     now,
                     now + m.delay,
                     now + m.ttl if m.ttl is not None else None,
+                    m.group,
                 )
             )
         with self._lock:
@@ -346,8 +367,8 @@ class SqliteDriver(Driver):
                 self._exists(conn)
                 conn.executemany(
                     "INSERT INTO leasekit_messages "
-                    "(queue, id, body, properties, enqueued_at, visible_at, expires_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    "(queue, id, body, properties, enqueued_at, visible_at, expires_at, grp) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     rows,
                 )
         return ids
@@ -394,8 +415,9 @@ class SqliteDriver(Driver):
                 visible_until=until,
                 properties=json.loads(props) if props else {},
                 checkpoint=None if checkpoint is None else bytes(checkpoint),
+                group=group,
             )
-            for _, message_id, body, props, enqueued_at, count, receipt, checkpoint in rows
+            for _, message_id, body, props, enqueued_at, count, receipt, checkpoint, group in rows
         ]
 
     def _purge(self, conn: sqlite3.Connection, now: float) -> None:
@@ -521,18 +543,19 @@ class SqliteDriver(Driver):
             now = self._clock.time()
             with self._write(conn):
                 row = conn.execute(
-                    "SELECT seq, id, body, properties, enqueued_at, delivery_count "
+                    "SELECT seq, id, body, properties, enqueued_at, delivery_count, grp "
                     f"FROM leasekit_messages WHERE {_HELD}",
                     (_seq_of(receipt), receipt, self.queue, now),
                 ).fetchone()
                 if row is None:
                     self._exists(conn)
                     raise _lost(f"receipt {receipt!r} is stale or its message is gone")
-                seq, message_id, body, props, enqueued_at, count = row
+                seq, message_id, body, props, enqueued_at, count, group = row
                 conn.execute(
                     "INSERT INTO leasekit_dead_letters (queue, id, body, properties, enqueued_at, "
-                    "delivery_count, reason, dead_lettered_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (self.queue, message_id, body, props, enqueued_at, count, reason, now),
+                    "delivery_count, reason, dead_lettered_at, grp) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (self.queue, message_id, body, props, enqueued_at, count, reason, now, group),
                 )
                 conn.execute("DELETE FROM leasekit_messages WHERE seq = ?", (seq,))
 
@@ -685,8 +708,9 @@ class SqliteDeadLetters(SqliteDriver):
                     reason=reason,
                     delivery_count=count,
                 ),
+                group=group,
             )
-            for _, message_id, body, props, count, reason, dead_lettered_at, receipt in rows
+            for _, message_id, body, props, count, reason, dead_lettered_at, receipt, group in rows
         ]
 
     def change_visibility(
@@ -748,12 +772,17 @@ class SqliteDeadLetters(SqliteDriver):
 
 def _add_dead_letter_lease_columns(conn: sqlite3.Connection) -> None:
     """Add the dead-letter lease columns to a file made before they existed (idempotent)."""
-    have = {row[1] for row in conn.execute("PRAGMA table_info(leasekit_dead_letters)")}
-    for name, declaration in _DEAD_LETTER_LEASE_COLUMNS.items():
+    _add_columns(conn, "leasekit_dead_letters", _DEAD_LETTER_LEASE_COLUMNS)
+
+
+def _add_columns(conn: sqlite3.Connection, table: str, columns: dict[str, str]) -> None:
+    """Add ``columns`` (name: declaration) missing from ``table`` (idempotent, race-safe)."""
+    have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+    for name, declaration in columns.items():
         if name in have:
             continue
         try:
-            conn.execute(f"ALTER TABLE leasekit_dead_letters ADD COLUMN {name} {declaration}")
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {declaration}")
         except sqlite3.OperationalError as exc:  # another process added it first
             if "duplicate column" not in str(exc).lower():
                 raise
@@ -774,14 +803,6 @@ class _Transaction:
             self.conn.execute("COMMIT")
         else:
             self.conn.execute("ROLLBACK")
-
-
-def _add_checkpoint_column(conn: sqlite3.Connection) -> None:
-    """Give a file made before checkpoints existed its ``checkpoint`` column (once, idempotent)."""
-    columns = {row[1] for row in conn.execute("PRAGMA table_info(leasekit_messages)")}
-    if "checkpoint" not in columns:
-        with contextlib.suppress(sqlite3.OperationalError):  # another process added it first
-            conn.execute("ALTER TABLE leasekit_messages ADD COLUMN checkpoint BLOB")
 
 
 def _seq_of(receipt: str) -> int:

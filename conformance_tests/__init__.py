@@ -25,6 +25,7 @@ from __future__ import annotations
 from .async_harness import AsyncUrlHarness
 from .checkpoint_suite import CheckpointSuite
 from .harness import CountingDriver, Harness, UrlHarness
+from .ordered import OrderedSuite
 from .suite import ConformanceSuite, conformance_property
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "ConformanceSuite",
     "CountingDriver",
     "Harness",
+    "OrderedSuite",
     "UrlHarness",
     "conformance_property",
 ]

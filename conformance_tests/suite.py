@@ -44,6 +44,7 @@ from leasekit.queue import Queue
 
 from .checkpoint_suite import CheckpointSuite
 from .harness import CountingDriver, Harness
+from .ordered import OrderedSuite
 
 __all__ = ["ConformanceSuite", "conformance_property"]
 
@@ -147,10 +148,11 @@ def _wait_redelivery(queue: Queue, duration: float, lease_duration: float) -> Le
     return _lease_one(queue, lease_duration, wait=duration + MARGIN)
 
 
-class ConformanceSuite(CheckpointSuite):
+class ConformanceSuite(CheckpointSuite, OrderedSuite):
     """Mixin of conformance tests; a subclass supplies a ``harness`` fixture.
 
-    The checkpoint section (:class:`~leasekit.conformance.CheckpointSuite`) is included.
+    The checkpoint section (:class:`~leasekit.conformance.CheckpointSuite`) and the
+    *ordered* section (:class:`~leasekit.conformance.OrderedSuite`) come with it.
     """
 
     # ------------------------------------------------------------- fixtures

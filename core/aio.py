@@ -376,9 +376,19 @@ class AsyncQueue:
         delay: float = 0,
         ttl: float | None = None,
         properties: Mapping[str, str] | None = None,
+        group: str | None = None,
+        dedup_key: str | None = None,
     ) -> str:
         """Send one message and return its id (see :meth:`leasekit.Queue.send`)."""
-        return await self._run(self._queue.send, body, delay=delay, ttl=ttl, properties=properties)
+        return await self._run(
+            self._queue.send,
+            body,
+            delay=delay,
+            ttl=ttl,
+            properties=properties,
+            group=group,
+            dedup_key=dedup_key,
+        )
 
     async def send_many(
         self,
@@ -387,10 +397,16 @@ class AsyncQueue:
         delay: float = 0,
         ttl: float | None = None,
         properties: Mapping[str, str] | None = None,
+        group: str | None = None,
     ) -> list[str]:
         """Send several messages; return their ids (see :meth:`leasekit.Queue.send_many`)."""
         return await self._run(
-            self._queue.send_many, list(bodies), delay=delay, ttl=ttl, properties=properties
+            self._queue.send_many,
+            list(bodies),
+            delay=delay,
+            ttl=ttl,
+            properties=properties,
+            group=group,
         )
 
     # ---------------------------------------------------------------- leasing

@@ -17,7 +17,6 @@ import logging
 import signal
 import threading
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from functools import partial
@@ -36,6 +35,8 @@ from .worker_policy import (
     SHUTDOWN_CALL_TIMEOUT,
     ConsumerStats,
     Failure,
+    FreeBuffer,
+    GroupBuffer,
     HandlerStopped,
     MessageFlow,
     Outcome,
@@ -45,6 +46,7 @@ from .worker_policy import (
     Tally,
     Worker,
     WorkerSettings,
+    completion_window,
     retry_flow,
     transient,
 )
@@ -93,7 +95,7 @@ class _Completer:
         if len(self._pending) >= self._size:
             self._flush()
         elif self._timer is None:
-            self._timer = loop.call_later(self._window, self._flush)
+            self._timer = loop.call_later(completion_window([lease], self._window), self._flush)
         return future
 
     def holds(self, lease: Lease) -> bool:
@@ -213,7 +215,8 @@ class AsyncConsumer:
         self._worker = Worker(queue.queue, self.settings, self._tally)
         self._running = False
         self._stop: asyncio.Event | None = None
-        self._buffer: deque[Lease] = deque()
+        # On an ordered queue, by group (see worker_policy.GroupBuffer).
+        self._buffer: FreeBuffer | GroupBuffer = self._worker.buffer
         self._in_flight: dict[int, Lease] = {}
         # The receive call in flight: a cancelled run() waits for it (its thread
         # cannot be interrupted) and gives back what it got with the rest.
@@ -275,7 +278,9 @@ class AsyncConsumer:
         self._pulse.begin()
         self._tick()
         completer = _Completer(
-            self.queue, self.queue.capabilities.max_delete_batch, self.batch_window
+            self.queue,
+            self.queue.capabilities.max_delete_batch,
+            self.batch_window,
         )
         ready = asyncio.Condition()
         workers = [
@@ -391,6 +396,7 @@ class AsyncConsumer:
             except Exception:
                 _log.exception("worker failed on message %r; giving it back", lease.message.id)
                 await self._give_back([lease], keeper, "abandoned")
+                await self._release(lease, "error", keeper)
             finally:
                 self._in_flight.pop(id(lease), None)
                 async with ready:
@@ -407,6 +413,17 @@ class AsyncConsumer:
         events.emit(
             "leasekit_after_process", lease=lease, error=outcome.error, outcome=outcome.name
         )
+        await self._release(lease, outcome.name, keeper)
+
+    async def _release(self, lease: Lease, outcome: str, keeper: LeaseKeeper) -> None:
+        """Ordered queues: ``lease`` is settled; its group's next may start, or goes back.
+
+        See :class:`~leasekit.worker_policy.GroupBuffer` (the worker task's
+        ``finally`` wakes the other workers); a no-op on an unordered queue.
+        """
+        back = self._buffer.release(lease, outcome)
+        if back:
+            await self._give_back(back, keeper, "returned_in_order")
 
     def _completed(self, lease: Lease, failure: Failure) -> Outcome:
         outcome = self._worker.finish(lease, failure)

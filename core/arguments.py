@@ -25,9 +25,11 @@ if TYPE_CHECKING:
     from .lease import Lease
 
 __all__ = [
+    "MAX_GROUP",
     "MAX_REASON",
     "abandon_delay",
     "dead_letter_reason",
+    "group_key",
     "lease_duration",
     "outgoing",
     "past_total_cap",
@@ -37,6 +39,9 @@ __all__ = [
 
 #: Longest reason kept on a dead-lettered message (Service Bus allows 4096).
 MAX_REASON = 4096
+#: Longest group name or deduplication key: SQS FIFO's ``MessageGroupId`` and
+#: ``MessageDeduplicationId`` limit, within Service Bus's 128-character session id.
+MAX_GROUP = 128
 
 
 def lease_duration(caps: Capabilities, scheme: str, duration: object) -> float:
@@ -139,14 +144,20 @@ def outgoing(
     delay: object,
     ttl: object,
     properties: Mapping[str, str] | None,
+    group: object = None,
+    dedup_key: object = None,
 ) -> OutgoingMessage:
     """The message to send, checked against ``caps`` (the driver's own checks come after).
 
     Raises:
-        InvalidArgument: a non-bytes body, or a bad delay, ttl or properties.
+        InvalidArgument: a non-bytes body, or a bad delay, ttl, properties, group or
+            dedup_key; a delay on a message of a group.
         MessageTooLarge: the body is over ``max_message_size``.
-        UnsupportedOperation: a delay, ttl or properties the backend cannot carry.
+        UnsupportedOperation: a delay, ttl, properties, group or dedup_key the
+            backend cannot carry.
     """
+    group_s = None if group is None else group_key(caps, scheme, group)
+    dedup_s = None if dedup_key is None else _dedup_key(caps, scheme, dedup_key)
     if isinstance(body, str):
         raise errors.InvalidArgument(
             "a message body must be bytes, got str; encode it first, e.g. body.encode()"
@@ -161,6 +172,11 @@ def outgoing(
     if not is_number(delay) or not math.isfinite(delay) or delay < 0:  # type: ignore[operator, arg-type]
         raise errors.InvalidArgument(f"delay must be a number of seconds >= 0, got {delay!r}")
     delay_s = float(delay)  # type: ignore[arg-type]
+    if group_s is not None and delay_s > 0:
+        raise errors.InvalidArgument(
+            f"a message of group {group_s!r} cannot be delayed (delay={delay_s:g}): "
+            "it would hold up the messages sent after it in its group"
+        )
     if delay_s > 0 and caps.max_send_delay <= 0:
         raise errors.UnsupportedOperation(f"{scheme} cannot delay a sent message")
     if delay_s > caps.max_send_delay:
@@ -195,4 +211,46 @@ def outgoing(
                     f"properties must map non-empty str to str, got {key!r}: {value!r}"
                 )
             props[check_text(key, "a property name")] = check_text(value, "a property value")
-    return OutgoingMessage(body=data, delay=delay_s, ttl=ttl_s, properties=props)
+    return OutgoingMessage(
+        body=data, delay=delay_s, ttl=ttl_s, properties=props, group=group_s, dedup_key=dedup_s
+    )
+
+
+def _identifier(value: object, what: str) -> str:
+    """``value`` as 1 to :data:`MAX_GROUP` printable ASCII characters, no space (SQS's set)."""
+    if not isinstance(value, str):
+        raise errors.InvalidArgument(f"{what} must be a str, got {type(value).__name__}")
+    if not 1 <= len(value) <= MAX_GROUP:
+        raise errors.InvalidArgument(
+            f"{what} must be 1 to {MAX_GROUP} characters, got {len(value)}"
+        )
+    if not all("!" <= ch <= "~" for ch in value):
+        raise errors.InvalidArgument(
+            f"{what} may hold only letters, digits and ASCII punctuation "
+            f"(no spaces or other characters), got {value!r}"
+        )
+    return value
+
+
+def group_key(caps: Capabilities, scheme: str, group: object) -> str:
+    """``group`` as an ordered group's name, on a backend that has groups.
+
+    Raises:
+        UnsupportedOperation: the backend (or this queue) is not ordered.
+        InvalidArgument: not 1 to 128 letters, digits and ASCII punctuation.
+    """
+    if not caps.ordered:
+        raise errors.UnsupportedOperation(
+            f"{scheme} cannot keep messages in ordered groups on this queue "
+            "(capabilities.ordered is False); send without group="
+        )
+    return _identifier(group, "group")
+
+
+def _dedup_key(caps: Capabilities, scheme: str, key: object) -> str:
+    if not caps.deduplicates:
+        raise errors.UnsupportedOperation(
+            f"{scheme} does not deduplicate messages on this queue "
+            "(capabilities.deduplicates is False); send without dedup_key="
+        )
+    return _identifier(key, "dedup_key")

@@ -98,6 +98,14 @@ class Capabilities:
     #: The backend keeps a checkpoint with the message (``Driver.checkpoint``):
     #: ``Lease.checkpoint`` needs no store (see :mod:`leasekit.checkpoints`).
     native_checkpoint: bool = False
+    #: Messages may be sent in ordered groups (``send(..., group=...)``): while a
+    #: message of a group is leased no other of that group is handed out, a group's
+    #: messages come in the order they were sent, and a head whose lease ended
+    #: comes back first (see ``docs/ordering.md``). ``False``: ``group`` is refused.
+    ordered: bool = False
+    #: The backend drops a second message with the same deduplication id within
+    #: its window, and takes the caller's id (``send(..., dedup_key=...)``; SQS FIFO).
+    deduplicates: bool = False
 
     def __post_init__(self) -> None:
         if not (0 <= self.min_lease <= self.max_lease):

@@ -6,7 +6,6 @@ import logging
 import signal
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from types import FrameType
@@ -26,6 +25,8 @@ from .worker_policy import (
     ROOM_WAIT,
     SHUTDOWN_CALL_TIMEOUT,
     ConsumerStats,
+    FreeBuffer,
+    GroupBuffer,
     MessageFlow,
     Outcome,
     Pause,
@@ -34,6 +35,7 @@ from .worker_policy import (
     Tally,
     Worker,
     WorkerSettings,
+    completion_window,
     retry_flow,
 )
 
@@ -101,7 +103,7 @@ class _GroupCompleter:
                 # Lead: gather others briefly, then settle one batch for everyone in it.
                 self.leading = True
                 try:
-                    deadline = time.monotonic() + self.window
+                    deadline = time.monotonic() + completion_window(self.waiting, self.window)
                     while len(self.waiting) < min(self.size, self.in_flight()):
                         remaining = deadline - time.monotonic()
                         if remaining <= 0:
@@ -284,7 +286,10 @@ class Consumer:
         self._ready = threading.Condition(mutex)  # idle workers wait here for messages
         self._stop = threading.Event()
         self._running = False
-        self._buffer: deque[Lease] = deque()  # received, not yet taken by a worker
+        # Received, not yet taken by a worker; on an ordered queue, by group (one
+        # message of a group in a worker's hands at a time, in order).
+        self._buffer: FreeBuffer | GroupBuffer = self._worker.buffer
+        self._ordered = queue.capabilities.ordered
         self._reserved = 0  # room taken by receive calls in progress
         self._receiver_errors: list[BaseException] = []
         self._started: dict[int, Lease] = {}  # taken by a worker, not yet finished
@@ -421,7 +426,7 @@ class Consumer:
                 self._stats.received += len(leases)
                 self._buffer.extend(leases)
                 self._stats.buffered = len(self._buffer)
-                chunk = self._chunk_size(len(self._buffer))
+                chunk = self._chunk_size(self._buffer.takeable())
                 self._ready.notify(-(-len(leases) // chunk))
 
     def _outstanding(self) -> int:
@@ -447,6 +452,8 @@ class Consumer:
         mean = self._handler_mean
         if mean is None or buffered <= 1 or self._nested_hooks:
             return 1
+        if buffered <= self.concurrency and self._buffer.grouped():
+            return 1  # few groups free: one each, so they run in parallel, not in one chunk
         fits = int(self.batch_window / mean) if mean > 0 else self._max_chunk
         return max(1, min(fits, self._max_chunk, buffered))
 
@@ -459,7 +466,7 @@ class Consumer:
                     self._ready.wait()
                 if not self._buffer:
                     return
-                size = self._chunk_size(len(self._buffer))
+                size = self._chunk_size(self._buffer.takeable())
                 chunk = [self._buffer.popleft() for _ in range(size)]
                 for lease in chunk:
                     self._started[id(lease)] = lease
@@ -474,6 +481,8 @@ class Consumer:
                 # worker alive and give back what it had not finished.
                 _log.exception("worker %d failed; abandoning its unfinished messages", index)
                 self._give_back_many(chunk, keeper, "abandoned")
+                for lease in chunk:
+                    self._release(lease, "error", keeper)
             finally:
                 with self._lock:
                     for lease in chunk:
@@ -490,6 +499,8 @@ class Consumer:
                 # Stopping: what this worker has not started goes back to the queue.
                 self._flush(done, keeper)
                 self._give_back_many(chunk[position:], keeper, "abandoned_at_shutdown")
+                for lease in chunk[position:]:
+                    self._release(lease, "abandoned_at_shutdown", keeper)
                 return
             if done and time.monotonic() - oldest >= self.batch_window:
                 self._flush(done, keeper)  # do not hold a completion behind a slow handler
@@ -511,6 +522,7 @@ class Consumer:
             self.queue.events.emit(
                 "leasekit_after_process", lease=lease, error=outcome.error, outcome=outcome.name
             )
+            self._release(lease, outcome.name, keeper)
         self._flush(done, keeper)
 
     def _flush(self, done: list[Lease], keeper: LeaseKeeper) -> None:
@@ -540,7 +552,24 @@ class Consumer:
             self.queue.events.emit(
                 "leasekit_after_process", lease=lease, error=outcome.error, outcome=outcome.name
             )
+            self._release(lease, outcome.name, keeper)
         self._tally.add("completed", completed)
+
+    def _release(self, lease: Lease, outcome: str, keeper: LeaseKeeper) -> None:
+        """Ordered queues: ``lease`` is settled; its group's next may start, or goes back.
+
+        See :class:`~leasekit.worker_policy.GroupBuffer`; a no-op on an unordered queue.
+        """
+        if not self._ordered:
+            return
+        with self._lock:
+            back = self._buffer.release(lease, outcome)
+            self._stats.buffered = len(self._buffer)
+            if self._buffer:
+                self._ready.notify()
+            self._lock.notify_all()
+        if back:
+            self._give_back_many(back, keeper, "returned_in_order")
 
     def _retry_settles(self, done: list[Lease], failures: list[_Failure]) -> list[_Failure]:
         """Retry transiently failed completions (:func:`~leasekit.worker_policy.retry_flow`)."""

@@ -85,16 +85,22 @@ def copies(
     ``properties``: whether the backend carries properties (else only the body goes).
     """
     own: Mapping[str, str] = dict(message.properties) if properties else {}
+    group = message.group  # an ordered queue's dead-letter queue is ordered too (SQS FIFO)
     if properties:
         marks = {ORIGINAL_ID: message.id, DELIVERY_COUNT: str(message.delivery_count)}
-        yield "whole", OutgoingMessage(message.body, properties={**own, **marks, REASON: reason})
+        yield (
+            "whole",
+            OutgoingMessage(message.body, properties={**own, **marks, REASON: reason}, group=group),
+        )
         if len(reason) > SHORT_REASON:
             short = reason[: SHORT_REASON - 1] + _ELLIPSIS
             yield (
                 "with its reason shortened",
-                OutgoingMessage(message.body, properties={**own, **marks, REASON: short}),
+                OutgoingMessage(
+                    message.body, properties={**own, **marks, REASON: short}, group=group
+                ),
             )
-    yield "without its reason", OutgoingMessage(message.body, properties=own)
+    yield "without its reason", OutgoingMessage(message.body, properties=own, group=group)
 
 
 def marked(

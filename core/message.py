@@ -19,6 +19,8 @@ class Message:
     message is leased again. ``checkpoint`` is the progress the last earlier
     holder saved with :meth:`leasekit.Lease.checkpoint` (``None`` if none did);
     checkpoints never change ``body`` or ``properties``.
+    ``group`` is the ordered group it was sent in
+    (``Queue.send(..., group=...)``), ``None`` on an unordered message or queue.
     """
 
     id: str
@@ -27,6 +29,7 @@ class Message:
     enqueued_at: datetime
     properties: Mapping[str, str] = field(default_factory=dict)
     checkpoint: bytes | None = field(default=None, repr=False)
+    group: str | None = None
 
 
 class LeaseState(enum.Enum):

@@ -191,6 +191,8 @@ class Queue:
         delay: float = 0,
         ttl: float | None = None,
         properties: Mapping[str, str] | None = None,
+        group: str | None = None,
+        dedup_key: str | None = None,
     ) -> str:
         """Send one message and return its id.
 
@@ -200,14 +202,22 @@ class Queue:
             delay: seconds before the message becomes visible.
             ttl: seconds the message may live in the queue; the backend's default if ``None``.
             properties: string key/value pairs carried with the message.
+            group: the ordered group the message joins (``capabilities.ordered``):
+                a group's messages are handed out one lease at a time, in the order
+                sent (see ``docs/ordering.md``). 1 to 128 letters, digits and ASCII
+                punctuation; a message of a group cannot be delayed.
+            dedup_key: the deduplication id (``capabilities.deduplicates``): a second
+                message with the same key within the backend's window is dropped.
 
         Raises
         ------
-            InvalidArgument: a non-bytes body or bad delay/ttl/properties (no call made).
+            InvalidArgument: a non-bytes body or bad delay/ttl/properties/group/dedup_key
+                (no call made).
             MessageTooLarge: the body is over ``capabilities.max_message_size``.
-            UnsupportedOperation: delay, ttl or properties the backend cannot carry.
+            UnsupportedOperation: delay, ttl, properties, group or dedup_key the
+                backend cannot carry.
         """
-        messages = [self._outgoing(body, delay, ttl, properties)]
+        messages = [self._outgoing(body, delay, ttl, properties, group, dedup_key)]
         self._require_open()
         extra: dict[str, str] = {}  # properties the send event's observers add
         result = ""
@@ -240,11 +250,14 @@ class Queue:
         delay: float = 0,
         ttl: float | None = None,
         properties: Mapping[str, str] | None = None,
+        group: str | None = None,
     ) -> list[str]:
         """Send several messages (in batches where the backend has a batch form); return ids.
 
         Every message is validated before anything is sent. Batches follow the
         backend's limits (``max_send_batch`` messages, ``max_send_batch_bytes``).
+        With ``group`` they all join that ordered group, in the order given (see
+        :meth:`send`); batches go one after another, so the order holds.
 
         Raises:
             InvalidArgument, MessageTooLarge, UnsupportedOperation: a message that
@@ -254,7 +267,8 @@ class Queue:
                 call that failed as a whole, the rest are not tried (they get its error).
         """
         outgoing = [
-            self._outgoing(body, delay, ttl, properties) for body in as_items(bodies, "bodies")
+            self._outgoing(body, delay, ttl, properties, group)
+            for body in as_items(bodies, "bodies")
         ]
         self._require_open()
         results: list[str | errors.LeaseError] = []
@@ -333,9 +347,7 @@ class Queue:
         added = {key: value for key, value in extra.items() if key not in own}
         if not added:
             return message
-        candidate = OutgoingMessage(
-            body=message.body, delay=message.delay, ttl=message.ttl, properties={**own, **added}
-        )
+        candidate = dataclasses.replace(message, properties={**own, **added})
         try:
             self._driver.validate(candidate)
         except Exception:
@@ -840,11 +852,17 @@ class Queue:
         return self._retry
 
     def _outgoing(
-        self, body: object, delay: object, ttl: object, properties: Mapping[str, str] | None
+        self,
+        body: object,
+        delay: object,
+        ttl: object,
+        properties: Mapping[str, str] | None,
+        group: object = None,
+        dedup_key: object = None,
     ) -> OutgoingMessage:
         """The message to send, checked by core and by the driver (no call made)."""
         message = arguments.outgoing(
-            self.capabilities, self._driver.scheme, body, delay, ttl, properties
+            self.capabilities, self._driver.scheme, body, delay, ttl, properties, group, dedup_key
         )
         try:
             self._driver.validate(message)  # what only the driver can tell; no call made
@@ -884,6 +902,7 @@ class Queue:
                 enqueued_at=raw.enqueued_at,
                 properties=dict(raw.properties),
                 checkpoint=raw.checkpoint if store is None else self._stored_checkpoint(raw.id),
+                group=raw.group,
             )
             physical = seconds
             if set_after:  # the receive used the queue's visibility, not ours

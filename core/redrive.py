@@ -174,9 +174,11 @@ def _wanted(
 def _move(queue: Queue, lease: Lease, letter: DeadLetter) -> None:
     """Send ``letter`` back to ``queue``, then complete its lease (the order that loses nothing)."""
     properties = queue.capabilities.supports_properties
+    # A dead letter of an ordered group goes back to the end of its group.
+    group = lease.message.group if queue.capabilities.ordered else None
     for message in dead_letters.redriven(letter, properties=properties):
         try:
-            queue.send(message.body, properties=dict(message.properties))
+            queue.send(message.body, properties=dict(message.properties), group=group)
             break
         except errors.MessageTooLarge:
             if not message.properties:

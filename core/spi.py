@@ -124,12 +124,20 @@ class ParsedURL:
 
 @dataclass(frozen=True)
 class OutgoingMessage:
-    """One message to send (core has validated it)."""
+    """One message to send (core has validated it).
+
+    ``group`` is the ordered group it belongs to (only where
+    ``capabilities.ordered``; ``None``: unordered); ``dedup_key`` the caller's
+    deduplication id (only where ``capabilities.deduplicates``; ``None``: the
+    driver's own rule, e.g. SQS FIFO's content-based or a fresh id per message).
+    """
 
     body: bytes
     delay: float = 0.0
     ttl: float | None = None
     properties: Mapping[str, str] = field(default_factory=dict)
+    group: str | None = None
+    dedup_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -151,6 +159,8 @@ class RawMessage:
     properties: Mapping[str, str] = field(default_factory=dict)
     raw: Any = field(default=None, repr=False, compare=False)
     checkpoint: bytes | None = field(default=None, repr=False)
+    #: The ordered group the message was sent in (``None``: unordered).
+    group: str | None = None
 
 
 class CheckpointEntry(NamedTuple):
@@ -210,6 +220,8 @@ class DeadLetter:
     #: When it reached the dead-letter place, where the backend tells (a copy's
     #: enqueue time); ``None`` where it cannot.
     enqueued_at: datetime | None = None
+    #: The ordered group it was sent in, where the store keeps it (``None``: unordered).
+    group: str | None = None
 
 
 T = TypeVar("T")

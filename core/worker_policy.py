@@ -18,6 +18,12 @@
   completions are retried (:func:`retry_flow`), and how giving leases back
   is counted (:meth:`Worker.given_back`).
 
+- on an ordered queue (``capabilities.ordered``), which buffered message may
+  start (:class:`GroupBuffer`): one message per group at a time, in order,
+  the group's next only once the previous one is settled; after a message that
+  did not end in order (abandoned, lost, unsettled) the rest of its group that
+  the consumer holds is given back, unhandled, so nothing overtakes it.
+
 The rule for a lease found lost while its handler ran, the same on both faces:
 a handler that *returned* did its work, so its id is recorded in the
 idempotency store and the completion is tried (a receipt nobody re-leased may
@@ -42,7 +48,8 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +78,8 @@ __all__ = [
     "Call",
     "ConsumerStats",
     "Failure",
+    "FreeBuffer",
+    "GroupBuffer",
     "HandlerStopped",
     "Outcome",
     "Pause",
@@ -81,6 +90,7 @@ __all__ = [
     "WorkerSettings",
     "abandon_delay",
     "completion_outcome",
+    "completion_window",
     "poison_reason",
     "receive_pause",
     "retry_flow",
@@ -142,6 +152,9 @@ class ConsumerStats:
     settle_retries: int = 0
     receive_errors: int = 0
     abandoned_at_shutdown: int = 0
+    #: Ordered queues: messages given back unhandled because an earlier message
+    #: of their group did not end in order (they come back after it).
+    returned_in_order: int = 0
     in_flight: int = 0
     buffered: int = 0
     lease_duration: dict[str, float] = field(default_factory=dict)
@@ -270,6 +283,19 @@ class WorkerSettings:
         return seconds
 
 
+def completion_window(leases: Iterable[Lease], batch_window: float) -> float:
+    """How long completing ``leases`` waits for others to share its batch call.
+
+    ``batch_window``, unless a lease is of an ordered group: its group's next
+    message waits for this completion, so it waits for no company (completions
+    arriving together still share a call).
+    """
+    for lease in leases:
+        if lease.message.group is not None:
+            return 0.0
+    return batch_window
+
+
 def poison_reason(delivery_count: int, max_deliveries: int | None) -> str | None:
     """Why a message delivered ``delivery_count`` times is poison, or ``None`` if it is not."""
     if max_deliveries is None or delivery_count <= max_deliveries:
@@ -332,6 +358,138 @@ def completion_outcome(
         return "error", "settle_errors", failure
     _log.error("could not settle message %r: %s", lease.message.id, failure)
     return "error", "settle_errors", failure
+
+
+# ----------------------------------------------------------- the buffers
+
+#: Outcomes after which a group's next message may start: the message will not
+#: come back (completed, dead-lettered, or a duplicate completed unhandled).
+IN_ORDER = frozenset({"completed", "dead_lettered", "duplicate"})
+#: Most message ids whose unhandled give-backs a worker remembers (for
+#: ``max_deliveries``); the oldest are forgotten first.
+MAX_REMEMBERED = 65536
+
+
+class FreeBuffer(deque[Lease]):
+    """The buffer of leased, unstarted messages on an unordered queue: first in, first out."""
+
+    def takeable(self) -> int:
+        """How many messages a worker may take now (all of them)."""
+        return len(self)
+
+    def release(self, lease: Lease, outcome: str) -> list[Lease]:
+        """A taken message is settled (nothing waits for it here): nothing to give back."""
+        return []
+
+    def grouped(self) -> bool:
+        """Whether some group's messages are buffered or in hand (never, here)."""
+        return False
+
+    def given_back(self, message_id: str) -> int:
+        """Deliveries of ``message_id`` that ended unhandled for order's sake (none here)."""
+        return 0
+
+
+class GroupBuffer:
+    """The buffer of leased, unstarted messages on an ordered queue (``capabilities.ordered``).
+
+    A worker may take a message of a group only when no other message of that
+    group is in a worker's hands, and a group's messages are taken in the order
+    received (the backend hands them out in the order sent). Messages without a
+    group are taken first in, first out, as on an unordered queue. The same
+    interface as :class:`FreeBuffer` (a ``deque``): ``extend``, ``popleft`` (a
+    takeable one), ``len`` (all buffered), truth (any takeable), iteration (all),
+    ``clear``. Not thread-safe: each face calls it under its own lock.
+    """
+
+    def __init__(self) -> None:
+        self._ready: deque[Lease] = deque()  # takeable: at most one per group
+        self._waiting: dict[str, deque[Lease]] = {}  # per group, behind the one taken or ready
+        self._held: set[str] = set()  # groups with a message ready or in a worker's hands
+        self._size = 0
+        self._given_back: OrderedDict[str, int] = OrderedDict()
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __bool__(self) -> bool:
+        return bool(self._ready)
+
+    def __iter__(self) -> Iterator[Lease]:
+        yield from self._ready
+        for waiting in self._waiting.values():
+            yield from waiting
+
+    def takeable(self) -> int:
+        """How many messages workers may take now (one per free group, plus ungrouped ones)."""
+        return len(self._ready)
+
+    def grouped(self) -> bool:
+        """Whether some group's messages are buffered or in a worker's hands."""
+        return bool(self._held)
+
+    def extend(self, leases: Iterable[Lease]) -> None:
+        """Add received messages, in the order received."""
+        for lease in leases:
+            self._size += 1
+            group = lease.message.group
+            if group is None:
+                self._ready.append(lease)
+            elif group in self._held:
+                self._waiting.setdefault(group, deque()).append(lease)
+            else:
+                self._held.add(group)
+                self._ready.append(lease)
+
+    def popleft(self) -> Lease:
+        """Take the next takeable message (``IndexError`` if none, as a deque's)."""
+        lease = self._ready.popleft()
+        self._size -= 1
+        return lease
+
+    def clear(self) -> None:
+        """Forget every buffered message (shutdown gives them back)."""
+        self._ready.clear()
+        self._waiting.clear()
+        self._held.clear()
+        self._size = 0
+
+    def release(self, lease: Lease, outcome: str) -> list[Lease]:
+        """A taken message ended with ``outcome``: free its group; return what must go back.
+
+        After an outcome in :data:`IN_ORDER` the group's next buffered message
+        becomes takeable. After any other (abandoned, lost, a failed settle, given
+        back at shutdown) the message may come back, so the group's buffered
+        messages are returned, to be given back unhandled: the backend then hands
+        the group out again from that message.
+        """
+        group = lease.message.group
+        if outcome in IN_ORDER:
+            self._given_back.pop(lease.message.id, None)
+        if group is None or group not in self._held:
+            return []
+        waiting = self._waiting.get(group)
+        if outcome in IN_ORDER:
+            if waiting:
+                self._ready.append(waiting.popleft())
+                if not waiting:
+                    del self._waiting[group]
+            else:
+                self._held.discard(group)
+            return []
+        self._held.discard(group)
+        back = list(self._waiting.pop(group, ()))
+        self._size -= len(back)
+        for other in back:
+            key = other.message.id
+            self._given_back[key] = self._given_back.pop(key, 0) + 1
+        while len(self._given_back) > MAX_REMEMBERED:
+            self._given_back.popitem(last=False)
+        return back
+
+    def given_back(self, message_id: str) -> int:
+        """Deliveries of ``message_id`` that ended unhandled because its group waited."""
+        return self._given_back.get(message_id, 0)
 
 
 # ------------------------------------------------------------------ the steps
@@ -408,6 +566,10 @@ class Worker:
         self.shutting_down = False
         #: Whether a plugin brackets each handler call (``leasekit_before_handle``...).
         self.bracket = False
+        #: The face's buffer of leased, unstarted messages (ordered queues: by group).
+        self.buffer: FreeBuffer | GroupBuffer = (
+            GroupBuffer() if self.capabilities.ordered else FreeBuffer()
+        )
 
     def begin(self) -> None:
         """A run starts: see which plugins observe the handler calls."""
@@ -435,8 +597,10 @@ class Worker:
         tally = self.tally
         message = lease.message
         events = self.queue.events
+        # Deliveries that ended unhandled only because the group waited do not count.
+        count = message.delivery_count - self.buffer.given_back(message.id)
         try:
-            poison = poison_reason(message.delivery_count, settings.max_deliveries)
+            poison = poison_reason(count, settings.max_deliveries)
             if poison is not None:
                 yield Call(lambda: lease.dead_letter(poison))
                 tally.add("dead_lettered")
@@ -472,7 +636,7 @@ class Worker:
                     events.emit("leasekit_after_handle", lease=lease, error=exc)
                 tally.add("failed")
                 _log.warning("handler failed on message %r: %r", message.id, exc)
-                delay = abandon_delay(message.delivery_count, settings, self.capabilities)
+                delay = abandon_delay(count, settings, self.capabilities)
                 yield Call(lambda: lease.abandon(delay))
                 tally.add("abandoned")
                 return Outcome("abandoned", exc)

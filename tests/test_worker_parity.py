@@ -39,6 +39,7 @@ COUNTERS = (
     # Async only (a thread cannot be cancelled): 0 on both faces in every row here;
     # its scenarios are in tests/test_aio_lost_handler.py.
     "cancelled_on_loss",
+    "returned_in_order",
 )
 
 
@@ -53,6 +54,7 @@ class World:
     stop: Callable[[], None] = lambda: None
     calls: list[bytes] = field(default_factory=list)
     ids: dict[str, bytes] = field(default_factory=dict)  # message id -> body
+    ordered: bool = False  # the messages were sent in one group: the calls' order counts
 
 
 def _take_over(world: World) -> None:
@@ -87,6 +89,11 @@ def _taken_over_then_gives_up(world: World, lease: leasekit.Lease) -> None:
     lease.check()  # raises LeaseLost: the handler stops, its work unfinished
 
 
+def _raises_on_first_m1(world: World, arg: Any) -> None:
+    if _body(arg) == b"m1" and world.calls.count(b"m1") == 1:
+        raise RuntimeError("handler failed on m1, once")
+
+
 def _stops_mid_batch(world: World, arg: Any) -> None:
     world.stop()  # the others stay buffered: given back at shutdown
 
@@ -116,6 +123,9 @@ class Scenario:
     #: Whether the message ends up recorded in the idempotency store.
     recorded: bool = False
     handler_calls: int | None = None  # default: one per message
+    #: Send the messages in this ordered group; ``calls`` is then the handler's calls in order.
+    group: str | None = None
+    calls: tuple[bytes, ...] = ()
 
 
 SCENARIOS = [
@@ -176,6 +186,29 @@ SCENARIOS = [
         recorded=True,
         handler_calls=1,
     ),
+    Scenario(
+        "ordered group: a failed message holds its group until it is handled",
+        4,
+        _raises_on_first_m1,
+        {"received": 5, "completed": 4, "failed": 1, "abandoned": 1},
+        options={"concurrency": 4, "backoff_base": 0.0},
+        recorded=True,
+        handler_calls=5,
+        group="order-17",
+        calls=(b"m0", b"m1", b"m1", b"m2", b"m3"),
+    ),
+    Scenario(
+        "ordered group: a poison head is dead-lettered, the rest go on in order",
+        3,
+        _returns,
+        {"received": 3, "dead_lettered": 1, "completed": 2},
+        setup=_delivered_three_times,
+        options={"max_deliveries": 2, "concurrency": 4},
+        recorded=True,
+        handler_calls=2,
+        group="order-17",
+        calls=(b"m1", b"m2"),
+    ),
 ]
 
 
@@ -191,7 +224,9 @@ def _world() -> World:
 def _prepare(scenario: Scenario) -> World:
     world = _world()
     bodies = [b"m%d" % i for i in range(scenario.messages)]
-    world.ids = dict(zip(world.queue.send_many(bodies), bodies, strict=True))
+    sent = world.queue.send_many(bodies, group=scenario.group)
+    world.ids = dict(zip(sent, bodies, strict=True))
+    world.ordered = scenario.group is not None
     scenario.setup(world)
     return world
 
@@ -242,7 +277,7 @@ def _tasks(scenario: Scenario) -> tuple[leasekit.ConsumerStats, World]:
 def _summary(stats: leasekit.ConsumerStats, world: World) -> dict[str, Any]:
     return {
         "stats": {name: getattr(stats, name) for name in COUNTERS},
-        "calls": sorted(world.calls),
+        "calls": list(world.calls) if world.ordered else sorted(world.calls),
         "store": sorted(body for i, body in world.ids.items() if world.store.seen(i)),
     }
 
@@ -258,3 +293,5 @@ def test_both_faces_do_the_same_to_a_message(scenario: Scenario) -> None:
     assert len(threads["calls"]) == calls
     recorded = threads["store"]
     assert bool(recorded) == scenario.recorded, f"recorded ids: {recorded}"
+    if scenario.group is not None:
+        assert threads["calls"] == list(scenario.calls), "the group's order was broken"

@@ -143,7 +143,7 @@ def test_url_with_account_and_queue_url_keyword() -> None:
         "aws-sqs://us-east-1/q?colour=red",
         "aws-sqs://us-east-1/q?client=x",
         "aws-sqs://us-east-1/q?_connection=x",
-        "aws-sqs://us-east-1/orders.fifo",
+        "aws-sqs://us-east-1/orders.fif",
         "aws-sqs://us-east-1/a/b/c",
         "aws-sqs://us-east-1:4566/q",
     ],

@@ -1,0 +1,287 @@
+"""Benchmark ordered delivery: SQS FIFO on moto against raw boto3, and the Consumer per group count.
+
+Two parts (``--part fifo``, ``--part groups``, or both):
+
+fifo
+    One moto server (``python -m moto.server``) on a free loopback port; each
+    scenario gets a fresh FIFO queue and moves ``--messages`` messages, spread
+    over ``--groups`` groups, through it in rounds of ``--depth`` (moto's receive
+    cost grows with depth). A round is sent (timed: send rate), then drained
+    (timed: consume rate, receive + delete of every message). Every scenario
+    runs ``--repeat`` times, interleaved; medians, and the ratio to raw boto3.
+
+    raw boto3          ``send_message_batch`` (10, ``MessageGroupId`` and a uuid
+                       ``MessageDeduplicationId`` each); receive 10 (long poll 1 s)
+                       then one ``delete_message_batch``
+    leasekit           ``send_many(bodies, group=g)``; ``lease(10, wait=1)`` then
+                       ``complete_many`` (one ``DeleteMessageBatch``)
+
+groups
+    ``leasekit.Consumer`` on an in-memory queue (``--concurrency`` threads) runs
+    ``--consumer-messages`` messages spread round-robin over 1, 2, 4, ... 64
+    groups; the handler waits ``--handler-ms`` (an I/O call's stand-in). One
+    group is serial by definition; the curve shows the parallelism across
+    groups, up to ``concurrency``. The unordered row is the same messages sent
+    without a group.
+
+Run (bounded: about two minutes)::
+
+    .venv/bin/python benchmarks/bench_ordered.py --messages 500 --repeat 3 --groups 10 \\
+        --consumer-messages 1000 --concurrency 16 --handler-ms 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import secrets
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import boto3
+
+import leasekit
+from leasekit.backends.memory import MemoryBroker
+from leasekit.emulators._process import ServerProcess, free_port, python_module
+
+REGION = "us-east-1"
+KEY = "testing"  # moto's dummy credentials
+BODY_SIZE = 256
+
+
+def _bodies(count: int) -> list[bytes]:
+    return [os.urandom(BODY_SIZE // 2).hex().encode()[:BODY_SIZE] for _ in range(count)]
+
+
+def _groups_of(bodies: list[bytes], groups: int) -> dict[str, list[bytes]]:
+    out: dict[str, list[bytes]] = {}
+    for i, body in enumerate(bodies):
+        out.setdefault(f"g{i % groups}", []).append(body)
+    return out
+
+
+# ----------------------------------------------------------------- fifo part
+
+
+def raw_send(client: Any, url: str, by_group: dict[str, list[bytes]]) -> None:
+    import base64
+
+    for group, bodies in by_group.items():
+        for start in range(0, len(bodies), 10):
+            entries = [
+                {
+                    "Id": str(i),
+                    "MessageBody": base64.b64encode(body).decode("ascii"),
+                    "MessageGroupId": group,
+                    "MessageDeduplicationId": uuid.uuid4().hex,
+                }
+                for i, body in enumerate(bodies[start : start + 10])
+            ]
+            client.send_message_batch(QueueUrl=url, Entries=entries)
+
+
+def raw_consume(client: Any, url: str, total: int) -> int:
+    done = 0
+    while done < total:
+        messages = client.receive_message(
+            QueueUrl=url,
+            MaxNumberOfMessages=10,
+            WaitTimeSeconds=1,
+            MessageSystemAttributeNames=["ApproximateReceiveCount", "MessageGroupId"],
+        ).get("Messages", [])
+        if not messages:
+            continue
+        client.delete_message_batch(
+            QueueUrl=url,
+            Entries=[
+                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)
+            ],
+        )
+        done += len(messages)
+    return done
+
+
+def lk_send(queue: leasekit.Queue, by_group: dict[str, list[bytes]]) -> None:
+    for group, bodies in by_group.items():
+        queue.send_many(bodies, group=group)
+
+
+def lk_consume(queue: leasekit.Queue, total: int) -> int:
+    done = 0
+    while done < total:
+        leases = queue.lease(10, wait=1)
+        if leases:
+            queue.complete_many(leases)
+            done += len(leases)
+    return done
+
+
+def measure_fifo(
+    name: str, endpoint: str, messages: int, depth: int, groups: int
+) -> dict[str, float]:
+    options = {
+        "region": REGION,
+        "endpoint_url": endpoint,
+        "aws_access_key_id": KEY,
+        "aws_secret_access_key": KEY,
+    }
+    queue_name = f"bench-{name}-{secrets.token_hex(3)}.fifo"
+    queue = leasekit.open("aws-sqs", queue=queue_name, create=True, **options)
+    client = boto3.client(
+        "sqs",
+        region_name=REGION,
+        endpoint_url=endpoint,
+        aws_access_key_id=KEY,
+        aws_secret_access_key=KEY,
+    )
+    url = client.get_queue_url(QueueName=queue_name)["QueueUrl"]
+    send_s = consume_s = 0.0
+    cpu0 = time.process_time()
+    try:
+        for start in range(0, messages, depth):
+            count = min(depth, messages - start)
+            by_group = _groups_of(_bodies(count), groups)
+            t0 = time.perf_counter()
+            if name == "raw":
+                raw_send(client, url, by_group)
+            else:
+                lk_send(queue, by_group)
+            t1 = time.perf_counter()
+            if name == "raw":
+                raw_consume(client, url, count)
+            else:
+                lk_consume(queue, count)
+            t2 = time.perf_counter()
+            send_s += t1 - t0
+            consume_s += t2 - t1
+        cpu = time.process_time() - cpu0
+    finally:
+        queue.delete_queue()
+        queue.close()
+    return {
+        "send/s": messages / send_s,
+        "consume/s": messages / consume_s,
+        "client CPU us/msg": cpu / messages * 1e6,
+    }
+
+
+def fifo_part(args: argparse.Namespace) -> str:
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    env = {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": KEY, "AWS_DEFAULT_REGION": REGION}
+    server = ServerProcess(
+        python_module("moto.server", "-H", "127.0.0.1", "-p", str(port)),
+        port,
+        env=env,
+        name="moto-server",
+    )
+    runs: dict[str, list[dict[str, float]]] = {"raw": [], "leasekit": []}
+    with server:
+        for _ in range(args.repeat):
+            for name in runs:
+                runs[name].append(
+                    measure_fifo(name, endpoint, args.messages, args.depth, args.groups)
+                )
+    medians = {
+        name: {key: statistics.median(r[key] for r in rs) for key in rs[0]}
+        for name, rs in runs.items()
+    }
+    raw = medians["raw"]
+    lines = [
+        f"SQS FIFO on moto: {args.messages} messages in {args.groups} groups, rounds of "
+        f"{args.depth}, median of {args.repeat}",
+        "",
+        "| scenario | send/s | vs raw | consume/s | vs raw | client CPU us/msg |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, m in medians.items():
+        lines.append(
+            f"| {name} | {m['send/s']:.0f} | {m['send/s'] / raw['send/s']:.2f} | "
+            f"{m['consume/s']:.0f} | {m['consume/s'] / raw['consume/s']:.2f} | "
+            f"{m['client CPU us/msg']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------- groups part
+
+
+def consumer_rate(groups: int | None, messages: int, concurrency: int, handler_s: float) -> float:
+    queue = leasekit.open("memory", queue="ordered-bench", broker=MemoryBroker(), create=True)
+    try:
+        bodies = [b"x%d" % i for i in range(messages)]
+        if groups is None:
+            queue.send_many(bodies)
+        else:
+            for group, mine in _groups_of(bodies, groups).items():
+                queue.send_many(mine, group=group)
+
+        last = [0.0]
+
+        def handler(message: leasekit.Message) -> None:
+            time.sleep(handler_s)  # the benchmark's stand-in for an I/O call
+            last[0] = time.perf_counter()
+
+        consumer = leasekit.Consumer(
+            queue, handler, concurrency=concurrency, handle_signals=False, lease_duration=60
+        )
+        t0 = time.perf_counter()
+        stats = consumer.run(until_idle=True)
+        assert stats.completed == messages, stats
+        # To the last handler's end: until_idle's final empty lease call (up to
+        # LEASE_WAIT) is not work.
+        return messages / (last[0] - t0)
+    finally:
+        queue.close()
+
+
+def groups_part(args: argparse.Namespace) -> str:
+    handler_s = args.handler_ms / 1000
+    lines = [
+        f"Consumer on memory://: {args.consumer_messages} messages, concurrency "
+        f"{args.concurrency}, handler {args.handler_ms:g} ms, median of {args.repeat}",
+        "",
+        "| groups | messages/s | vs 1 group | vs unordered |",
+        "| ---: | ---: | ---: | ---: |",
+    ]
+    rates: dict[str, float] = {}
+    for groups in [1, 2, 4, 8, 16, 32, 64, None]:
+        runs = [
+            consumer_rate(groups, args.consumer_messages, args.concurrency, handler_s)
+            for _ in range(args.repeat)
+        ]
+        rates["unordered" if groups is None else str(groups)] = statistics.median(runs)
+    one, free = rates["1"], rates["unordered"]
+    for label, rate in rates.items():
+        lines.append(f"| {label} | {rate:.0f} | {rate / one:.1f}x | {rate / free:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=["fifo", "groups", "both"], default="both")
+    parser.add_argument("--messages", type=int, default=500, help="FIFO messages per run")
+    parser.add_argument("--depth", type=int, default=100, help="FIFO messages per round")
+    parser.add_argument("--groups", type=int, default=10, help="FIFO groups")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per scenario; median kept")
+    parser.add_argument("--consumer-messages", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--handler-ms", type=float, default=2.0)
+    args = parser.parse_args()
+    print(f"# {platform.python_version()} on {platform.machine()}, {os.cpu_count()} cores")
+    parts: list[Callable[[argparse.Namespace], str]] = []
+    if args.part in ("fifo", "both"):
+        parts.append(fifo_part)
+    if args.part in ("groups", "both"):
+        parts.append(groups_part)
+    for part in parts:
+        print()
+        print(part(args))
+
+
+if __name__ == "__main__":
+    main()
