@@ -146,12 +146,10 @@ def test_bad_construction_is_refused(queue: Queue, kwargs: dict[str, object]) ->
         leasekit.Consumer(queue, handler, **kwargs)  # type: ignore[arg-type]
 
 
-def _leasekit_threads() -> list[str]:
-    """leasekit's threads alive now, but for leasekit.aio's process-wide pool (not a Consumer's)."""
+def _leasekit_threads(before: set[threading.Thread]) -> list[str]:
+    """leasekit's threads alive now that were not ``before`` (not other tests' pools)."""
     return [
-        t.name
-        for t in threading.enumerate()
-        if t.name.startswith("leasekit-") and not t.name.startswith("leasekit-aio-shared")
+        t.name for t in threading.enumerate() if t.name.startswith("leasekit-") and t not in before
     ]
 
 
@@ -164,6 +162,7 @@ def _stop_and_wait_for_shutdown(consumer: leasekit.Consumer) -> None:
 
 
 def test_stop_abandons_unstarted_messages_and_waits_for_in_flight(queue: Queue) -> None:
+    before = set(threading.enumerate())
     queue.send_many([b"%d" % i for i in range(10)])
     started = threading.Event()
     release = threading.Event()
@@ -186,7 +185,7 @@ def test_stop_abandons_unstarted_messages_and_waits_for_in_flight(queue: Queue) 
     counts = queue.stats()
     assert counts.leased == 0, "a clean stop left messages leased"
     assert counts.visible == 10 - stats.completed
-    assert _leasekit_threads() == []
+    assert _leasekit_threads(before) == []
 
 
 def test_handler_past_the_grace_period_has_its_lease_abandoned(queue: Queue) -> None:
@@ -626,6 +625,7 @@ def _slow_small_receives(queue: Queue, batch: int, seconds: float) -> list[str]:
 def test_several_receivers_lease_at_once_and_every_message_is_handled_once(
     queue: Queue,
 ) -> None:
+    before = set(threading.enumerate())
     queue.send_many([b"%d" % i for i in range(300)])
     callers = _slow_small_receives(queue, batch=5, seconds=0.01)
     seen: list[bytes] = []
@@ -640,7 +640,7 @@ def test_several_receivers_lease_at_once_and_every_message_is_handled_once(
     assert stats.completed == 300 and sorted(seen) == sorted(b"%d" % i for i in range(300))
     assert len(set(callers)) >= 2, f"only one thread leased: {set(callers)}"
     assert queue.stats().visible == 0 and queue.stats().leased == 0
-    assert _leasekit_threads() == []
+    assert _leasekit_threads(before) == []
 
 
 def test_a_receiver_failing_stops_the_run_with_its_error_and_leaves_nothing_leased(

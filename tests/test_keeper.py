@@ -24,12 +24,10 @@ def queue() -> Queue:
     q.close()
 
 
-def _keeper_threads() -> list[str]:
-    # Not leasekit.aio's process-wide pool (other tests in this process may have used it).
+def _keeper_threads(before: set[threading.Thread]) -> list[str]:
+    """leasekit's threads alive now that were not alive ``before`` (other tests' pools)."""
     return [
-        t.name
-        for t in threading.enumerate()
-        if t.name.startswith("leasekit-") and not t.name.startswith("leasekit-aio-shared")
+        t.name for t in threading.enumerate() if t.name.startswith("leasekit-") and t not in before
     ]
 
 
@@ -46,13 +44,14 @@ def test_keeper_holds_a_short_lease_well_past_its_expiry(queue: Queue) -> None:
 
 
 def test_stopping_the_keeper_leaves_no_thread(queue: Queue) -> None:
+    before = set(threading.enumerate())
     queue.send_many([b"a", b"b"])
     keeper = leasekit.LeaseKeeper(workers=3)
     for lease in queue.lease(2, duration=0.3):
         keeper.add(lease)
-    assert _keeper_threads()
+    assert _keeper_threads(before)
     keeper.stop()
-    assert _keeper_threads() == []
+    assert _keeper_threads(before) == []
     with pytest.raises(errors.LeaseStateError):
         keeper.start()
 

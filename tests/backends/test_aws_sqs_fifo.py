@@ -168,8 +168,10 @@ def test_consumer_keeps_the_order_when_a_head_fails_and_followers_were_leased_wi
             handler(message)
 
         async def main() -> leasekit.ConsumerStats:
-            aqueue = leasekit.aio.AsyncQueue(fifo)
-            return await leasekit.aio.AsyncConsumer(aqueue, call, **options).run(until_idle=True)
+            async with leasekit.aio.AsyncQueue(fifo) as aqueue:  # close() ends its threads
+                return await leasekit.aio.AsyncConsumer(aqueue, call, **options).run(
+                    until_idle=True
+                )
 
         stats = asyncio.run(main())
     group_a = [body for body in calls if body.startswith(b"a")]
