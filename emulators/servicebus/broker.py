@@ -285,9 +285,7 @@ class SubQueue:
 
     # -- receiving ------------------------------------------------------------------------
 
-    def receive(
-        self, now: float, *, lock: bool, owner: int | None = None
-    ) -> StoredMessage | None:
+    def receive(self, now: float, *, lock: bool, owner: int | None = None) -> StoredMessage | None:
         """Take the available message with the lowest sequence number.
 
         Parameters:
