@@ -5,7 +5,8 @@ Everything here is plain data driven by explicit ``now`` timestamps (seconds,
 network. The AMQP layer calls these methods on the proton container thread only.
 
 Emulated (as documented for Azure Service Bus queues):
-    * sequence numbers (per queue, from 1), enqueued time, scheduled enqueue time;
+    * sequence numbers (per queue, from 1), enqueued time, scheduled enqueue time (a
+      scheduled message gets a new sequence number when it becomes due);
     * PeekLock: a lock token per receive, ``locked_until`` = now + LockDuration,
       renew extends from now by LockDuration and keeps the token;
     * complete removes; abandon and lock expiry make the message available again
@@ -237,8 +238,7 @@ class SubQueue:
             if message is None:
                 continue
             if message.state is MessageState.SCHEDULED and message.visible_at <= now:
-                message.state = MessageState.ACTIVE
-                self._make_ready(message)
+                self._activate(message)
                 changed = True
             if (
                 message.expires_at is not None
@@ -248,6 +248,21 @@ class SubQueue:
                 self._expire_message(message)
                 changed = True
         return changed
+
+    def _activate(self, message: StoredMessage) -> None:
+        """A scheduled message became due: enqueue it now, with a new sequence number.
+
+        "The SequenceNumber for a scheduled message is only valid while the message
+        is in this state. As the message transitions to the active state, the
+        message is appended to the queue as if had been enqueued at the current
+        instant, which includes assigning a new SequenceNumber" (Microsoft Learn,
+        Message sequencing and timestamps).
+        """
+        del self._messages[message.sequence_number]
+        message.sequence_number = self.queue.next_sequence_number()
+        message.state = MessageState.ACTIVE
+        self._messages[message.sequence_number] = message
+        self._make_ready(message)
 
     def _expire_message(self, message: StoredMessage) -> None:
         self._messages.pop(message.sequence_number, None)

@@ -26,6 +26,7 @@ from azure.servicebus import (
     AutoLockRenewer,
     ServiceBusClient,
     ServiceBusMessage,
+    ServiceBusMessageState,
     ServiceBusReceiveMode,
     ServiceBusSubQueue,
 )
@@ -597,3 +598,38 @@ def test_a_lock_whose_connection_broke_still_renews_until_it_ends(
         [back] = receive_until(again, 1)
         assert back.delivery_count == 1
         again.complete_message(back)
+
+
+# -- 9. scheduled messages take a new sequence number when they become due -----------------------
+#
+# Microsoft Learn, Message sequencing and timestamps: "The SequenceNumber for a scheduled
+# message is only valid while the message is in this state. As the message transitions to
+# the active state, the message is appended to the queue as if had been enqueued at the
+# current instant, which includes assigning a new SequenceNumber."
+
+
+@pytest.mark.parametrize("how", ["schedule_messages", "scheduled_enqueue_time_utc"])
+def test_a_scheduled_message_is_enqueued_when_due_behind_what_was_sent_before(
+    client: ServiceBusClient, servicebus_server: Any, how: str
+) -> None:
+    queue = servicebus_server.create_queue()
+    due = utcnow() + datetime.timedelta(seconds=1.5)
+    with client.get_queue_sender(queue, keep_alive=0) as sender:
+        if how == "schedule_messages":
+            [scheduled_number] = sender.schedule_messages(ServiceBusMessage(b"scheduled"), due)
+        else:
+            sender.send_messages(ServiceBusMessage(b"scheduled", scheduled_enqueue_time_utc=due))
+        with client.get_queue_receiver(queue, prefetch_count=1, keep_alive=0) as browser:
+            [peeked] = browser.peek_messages(1, sequence_number=1)
+        assert peeked.state == ServiceBusMessageState.SCHEDULED
+        sender.send_messages(ServiceBusMessage(b"sent before it was due"))
+    while utcnow() < due + datetime.timedelta(seconds=0.3):
+        time.sleep(0.05)
+    with client.get_queue_receiver(
+        queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE, keep_alive=0
+    ) as receiver:
+        got = receive_until(receiver, 2)
+    assert [body(m) for m in got] == [b"sent before it was due", b"scheduled"]
+    assert got[1].sequence_number > got[0].sequence_number > peeked.sequence_number
+    if how == "schedule_messages":
+        assert peeked.sequence_number == scheduled_number
