@@ -44,7 +44,10 @@ Delivery semantics:
     settles a message only there), so the driver keeps a map lock token →
     (message, receiver) for the messages it holds; an entry leaves the map when it
     is settled or a second after its lock ended. A settle or renew of a token not
-    in the map (completed, expired, or from another process) is ``LeaseLost``. An
+    in the map (completed, expired, or from another process) is ``LeaseLost``, and
+    so is one of a message whose receiving connection is gone (a reset or a
+    reconnect): Service Bus drops the locks of a broken connection, so such a
+    message cannot be settled any more and comes back when its lock ends. An
     abandon cannot be delayed (``max_abandon_delay=0``): the message is available
     again at once, with its delivery count raised. ``delivery_count`` is 1 on first
     delivery: Service Bus sends the number of *failed* deliveries in the AMQP
@@ -292,14 +295,17 @@ class _Held:
     """A message this driver holds the lock of, and the receiver that must settle it.
 
     ``handler`` is the receiver's AMQP client (its connection and link) the message
-    came on: once the SDK replaced it (a reconnect), the message is settled over
-    the management link instead, by lock token.
+    came on: once the SDK replaced it (a reconnect), that connection is gone and
+    Service Bus cannot settle the message any more (``ServiceBusDriver._check_connection``).
     """
 
     message: Any
     receiver: Any
     locked_until: float
     handler: Any = None
+    #: The handler's AMQP connection when the message came (pyamqp replaces it
+    #: inside the same handler when a management request meets a reset socket).
+    connection: Any = None
 
 
 class _Gate:
@@ -425,50 +431,6 @@ def _drop_connection(receiver: Any) -> None:
         receiver._close_handler()
     except Exception:
         _log.debug("closing the receiver's connection failed", exc_info=True)
-
-
-def _settle_by_token(receiver: Any, message: Any, action: str, **kwargs: Any) -> None:
-    """Settle ``message`` over the receiver's management link (``update-disposition``).
-
-    For a message whose receive link is gone (the SDK shut it down after a
-    connection error, or replaced it since): what the SDK does itself when its
-    link is closed, but the SDK refuses to settle on a handler it shut down.
-    The management request opens a new connection if needed. Raises
-    ``MessageLockLostError`` for a lock the service no longer holds.
-    """
-    from azure.servicebus._common.constants import (
-        MESSAGE_ABANDON,
-        MESSAGE_COMPLETE,
-        MESSAGE_DEAD_LETTER,
-        MESSAGE_MGMT_SETTLEMENT_TERM_MAP,
-        MGMT_REQUEST_DEAD_LETTER_ERROR_DESCRIPTION,
-        MGMT_REQUEST_DEAD_LETTER_REASON,
-    )
-
-    operation = {
-        "complete_message": MESSAGE_COMPLETE,
-        "abandon_message": MESSAGE_ABANDON,
-        "dead_letter_message": MESSAGE_DEAD_LETTER,
-    }[action]
-    details = None
-    if operation == MESSAGE_DEAD_LETTER:
-        details = {
-            MGMT_REQUEST_DEAD_LETTER_REASON: kwargs.get("reason") or "",
-            MGMT_REQUEST_DEAD_LETTER_ERROR_DESCRIPTION: kwargs.get("error_description") or "",
-        }
-    if message._settled:
-        from azure.servicebus.exceptions import MessageAlreadySettled
-
-        raise MessageAlreadySettled(action=action)
-    try:
-        receiver._settle_message_via_mgmt_link(
-            MESSAGE_MGMT_SETTLEMENT_TERM_MAP[operation],
-            [message.lock_token],
-            dead_letter_details=details,
-        )
-    except Exception as exc:
-        raise receiver._handle_exception(exc) from exc
-    message._settled = True
 
 
 def _installed(module: str) -> bool:
@@ -947,8 +909,13 @@ class ServiceBusDriver(Driver):
                     _log.debug("dropping message %r: its lock ended", message.message_id)
                     continue
                 token = str(message.lock_token)
+                handler = getattr(receiver, "_handler", None)
                 self._held[token] = _Held(
-                    message, receiver, locked_until, getattr(receiver, "_handler", None)
+                    message,
+                    receiver,
+                    locked_until,
+                    handler,
+                    getattr(handler, "_connection", None),
                 )
                 raws.append(self._raw(message, token, locked_until))
         return raws
@@ -1019,27 +986,52 @@ class ServiceBusDriver(Driver):
         Within core's deadline, the wait for the connection included: the SDK
         takes no timeout per settle, so the receiver's outcome timeout (its
         ``timeout`` setting) is set to the time left while this call holds the
-        connection. A message whose link the SDK replaced since (a reconnect
-        after a connection error) is settled over the management link by lock
-        token, as the SDK itself does when the link is gone.
+        connection. A message whose connection is gone (see :meth:`_check_connection`)
+        is ``LeaseLost`` at once: Service Bus cannot settle it any more.
         """
         held = self._lookup(receipt)
         try:
+            self._check_connection(held)
             with self._gate.priority(self._left()), _timeouts(held.receiver, self._left()):
-                receiver = held.receiver
-                handler = getattr(receiver, "_handler", None)
-                by_token = hasattr(receiver, "_settle_message_via_mgmt_link") and (
-                    handler is None or handler is not held.handler
-                )
-                if by_token:
-                    _settle_by_token(receiver, held.message, action, **kwargs)
-                else:
-                    getattr(receiver, action)(held.message, **kwargs)
+                getattr(held.receiver, action)(held.message, **kwargs)
         except Exception as exc:
             self._note_failure(receipt, exc)
             raise
         self._heard = time.monotonic()
         self._forget(receipt)
+
+    @staticmethod
+    def _check_connection(held: _Held) -> None:
+        """Raise ``LeaseLost`` if the connection that received ``held`` is gone.
+
+        The SDK gives each receiver its own connection and closes it when it
+        shuts the receiver's handler down after a connection error (the next call
+        opens a new one); a management request that meets a reset socket also
+        opens a new connection inside the same handler. Service Bus drops the
+        locks of a connection that is gone: "If the reason is a broken network
+        connection, the lock is dropped since Service Bus does not support
+        recovery of existing AMQP links on a different connection" (Microsoft
+        Learn, *Message transfers, locks, and settlement*); settling by lock
+        token over the management link from the new connection gets
+        ``com.microsoft:message-lock-lost``. So such a lease is lost, without a
+        call: renewing it would only delay its redelivery (the service still
+        renews those locks, but nothing can settle the message), and it comes
+        back when its lock ends, with its delivery count raised. Within one
+        connection a detached link's message still settles (the SDK falls back
+        to the management link itself).
+        """
+        if held.handler is None:
+            return  # not an SDK receiver (tests' stand-ins)
+        handler = getattr(held.receiver, "_handler", None)
+        connection = getattr(handler, "_connection", None)
+        if handler is not held.handler or connection is not held.connection:
+            raise DriverError(
+                ErrorCode.LEASE_LOST,
+                "azure-service-bus: the connection this message was received on is gone "
+                "(reset or closed); Service Bus cannot settle it any more, and it comes "
+                "back when its lock ends",
+                backend_code="MessageLockLostError",
+            )
 
     def _note_failure(self, receipt: str | None, exc: BaseException) -> None:
         """After a failed call: a lost lock's token is forgotten, a missing queue remembered."""
@@ -1056,14 +1048,17 @@ class ServiceBusDriver(Driver):
 
         Several tokens of one receiver go in one renew-lock management call; if
         one of them is lost that call fails, and each is then renewed alone to
-        find which.
+        find which. A lease whose receiving connection is gone is ``LeaseLost``
+        without a call (:meth:`_check_connection`).
         """
         results: list[Visibility | BaseException | None] = [None] * len(receipts)
         groups: dict[int, list[tuple[int, _Held]]] = {}
         for index, receipt in enumerate(receipts):
             try:
                 held = self._lookup(receipt)
+                self._check_connection(held)
             except DriverError as exc:
+                self._note_failure(receipt, exc)
                 results[index] = exc
                 continue
             groups.setdefault(id(held.receiver), []).append((index, held))
@@ -1119,12 +1114,11 @@ class ServiceBusDriver(Driver):
         results: list[Visibility | BaseException | None],
     ) -> None:
         for index, held in group:
-            # The renew-lock request itself, not renew_message_lock: that one
-            # refuses (client side) once the SDK shut the link down after a
-            # connection error, while the lock still stands on the service and
-            # the request reconnects.
+            # The renew-lock request itself, as for several tokens (one code
+            # path); renew_message_lock only where the SDK has no such method.
             renew = getattr(held.receiver, "_renew_locks", None)
             try:
+                self._check_connection(held)  # an earlier one may have found it reset
                 with self._gate.priority(self._left()):
                     if renew is not None:
                         token = str(held.message.lock_token)

@@ -269,7 +269,15 @@ def test_a_consumer_rides_out_repeated_network_cuts(
     record_property("settle_retries", stats.settle_retries)
     record_property("receive_errors", stats.receive_errors)
     assert not lost, f"{len(lost)} messages never handled; {stats}"
-    assert duplicates <= 5, f"{duplicates} messages handled twice"
+    allowed = 5
+    if fault_target.name == "azure-service-bus":
+        # Service Bus drops the locks of a reset connection ("Service Bus does not
+        # support recovery of existing AMQP links on a different connection",
+        # Microsoft Learn, Message transfers, locks, and settlement): what the
+        # consumer held when a cut came (its buffer and its handlers' leases) cannot
+        # be completed and is handled again after its lock ends.
+        allowed = max(allowed, cuts.count * (consumer.settings.concurrency + consumer.prefetch))
+    assert duplicates <= allowed, f"{duplicates} messages handled twice (allowed {allowed})"
     record_property("connections_reset", fault_target.proxy.stats["resets"])
     if fault_target.waits_out_short_cuts:
         # Its calls wait (within their deadlines) for the pool to reconnect: a 3 s cut
@@ -424,6 +432,18 @@ def test_no_lease_is_lost_to_a_short_cut_that_ends_well_before_expiry(
         _wait_until(lambda: time.monotonic() > first_expiry + 1.0, 10, "the first expiry")
         lost = [lz for lz in leases if lz.state is not LeaseState.HELD]
         record_property("lost_of_10", len(lost))
+        if fault_target.name == "azure-service-bus":
+            # Service Bus drops the locks of a reset connection ("the lock is dropped
+            # since Service Bus does not support recovery of existing AMQP links on a
+            # different connection", Microsoft Learn, Message transfers, locks, and
+            # settlement): every lease received before the cut is reported lost, none
+            # is settled, and each message comes back when its lock ends.
+            assert keeper.stats.lost == 10 and len(lost) == 10, f"{len(lost)} of 10 lost"
+            assert all(isinstance(r, LeaseLost) for r in proxied.complete_many(leases))
+            back = _lease_all(direct, 10, duration=None)
+            assert {b.message.id for b in back} == {lz.message.id for lz in leases}
+            assert direct.complete_many(back) == [None] * 10
+            return
         assert keeper.stats.lost == 0 and not lost, f"{len(lost)} of 10 leases lost to the cut"
         assert direct.lease(1) == [], "a kept message was handed to a rival"
         assert proxied.complete_many(leases) == [None] * 10

@@ -20,7 +20,11 @@ tests expect it (details in :mod:`.broker`, semantics, and :mod:`.amqp`, the wir
   ``System.Decimal``), the sender's delivery annotations passed on, and
   ``x-opt-lock-token`` in the delivery annotations of a locked message;
 * a settle on a receive link that has detached changes nothing (the SDK then
-  settles over ``$management``, which works while the lock lasts);
+  settles over ``$management``, which works while the lock lasts and the
+  connection that received the message is open); once that connection is gone
+  (closed or reset), settling by lock token gets ``com.microsoft:message-lock-lost``,
+  as Service Bus drops the locks of a broken connection, while ``renew-lock`` still
+  renews the lock and the message comes back when it ends;
 * entity management over HTTP with the real service's ATOM bodies, on a second
   port (``--http-port``, 5300 by default as on Microsoft's emulator), for
   ``ServiceBusAdministrationClient`` (:mod:`.admin`; :func:`admin_client` makes

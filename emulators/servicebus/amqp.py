@@ -25,7 +25,9 @@ Emulated on the wire:
     * ``<entity>/$management`` request/response: ``com.microsoft:renew-lock``,
       ``peek-message``, ``receive-by-sequence-number``, ``update-disposition``,
       ``schedule-message``, ``cancel-scheduled-message``; lock lost gives status 410
-      with ``errorCondition`` ``com.microsoft:message-lock-lost``;
+      with ``errorCondition`` ``com.microsoft:message-lock-lost``, as does an
+      ``update-disposition`` for a message whose receiving connection is gone
+      (Service Bus drops those locks; ``renew-lock`` still extends them);
     * entity management over HTTP on a second port, as ``ServiceBusAdministrationClient``
       calls it (:mod:`.admin`); a deleted queue's links are detached with
       ``amqp:not-found``;
@@ -49,6 +51,7 @@ messages) are a periodic container task, not threads.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 import uuid
@@ -278,7 +281,8 @@ class ServiceBusEmulator(Handler):
     # -- connection, session, link endpoints --------------------------------------------------
 
     def on_connection_bound(self, event: Any) -> None:
-        """Offer SASL ANONYMOUS on accepted connections."""
+        """Offer SASL ANONYMOUS on accepted connections; number the connection."""
+        event.connection.sb_id = next(_connection_ids)
         sasl = event.transport.sasl()
         sasl.allowed_mechs("ANONYMOUS")
         sasl.allow_insecure_mechs = True
@@ -349,6 +353,14 @@ class ServiceBusEmulator(Handler):
         while link is not None:
             self._forget_link(link)
             link = link.next(0)
+        owner: int | None = getattr_safe(conn, "sb_id")
+        if owner is not None and not getattr_safe(conn, "sb_gone"):
+            # Service Bus drops the locks of a connection that is gone: the messages
+            # stay locked until their locks end, but cannot be settled by token.
+            conn.sb_gone = True
+            dropped = self.broker.drop_connection_locks(owner)
+            if dropped:
+                _log.debug("connection %s gone: %d locks can no longer settle", owner, dropped)
 
     def on_link_remote_open(self, event: Any) -> None:
         """Answer an attach: classify the address and set the link up (or refuse it)."""
@@ -507,7 +519,7 @@ class ServiceBusEmulator(Handler):
         if link.credit <= 0 or not link.state & Endpoint.LOCAL_ACTIVE:
             return False
         lock = bool(link.sb_lock)
-        message = entity.receive(now, lock=lock)
+        message = entity.receive(now, lock=lock, owner=getattr_safe(link.connection, "sb_id"))
         if message is None:
             return False
         payload = self._render(message, locked=lock)
@@ -815,6 +827,9 @@ class ServiceBusEmulator(Handler):
             )
         else:
             raise ValueError(f"unknown disposition-status {status!r}")
+
+
+_connection_ids = itertools.count(1)
 
 
 class _Refused(Exception):

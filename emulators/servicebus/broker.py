@@ -5,7 +5,8 @@ Everything here is plain data driven by explicit ``now`` timestamps (seconds,
 network. The AMQP layer calls these methods on the proton container thread only.
 
 Emulated (as documented for Azure Service Bus queues):
-    * sequence numbers (per queue, from 1), enqueued time, scheduled enqueue time;
+    * sequence numbers (per queue, from 1), enqueued time, scheduled enqueue time (a
+      scheduled message gets a new sequence number when it becomes due);
     * PeekLock: a lock token per receive, ``locked_until`` = now + LockDuration,
       renew extends from now by LockDuration and keeps the token;
     * complete removes; abandon and lock expiry make the message available again
@@ -19,7 +20,13 @@ Emulated (as documented for Azure Service Bus queues):
       message is dropped or, with DeadLetteringOnMessageExpiration, dead-lettered
       with ``TTLExpiredException``; a locked message does not expire until its lock
       ends; dead-lettered messages never expire;
-    * any use of a lost or expired lock raises :class:`LockLost`.
+    * any use of a lost or expired lock raises :class:`LockLost`;
+    * a lock taken by a receive link belongs to that link's connection: once the
+      connection is gone (:meth:`Broker.drop_connection_locks`), the lock can no
+      longer settle the message by token (``update-disposition``), as Service Bus
+      "does not support recovery of existing AMQP links on a different
+      connection"; it can still be renewed (the service keeps renewing such locks)
+      and ends at its expiry, which counts a failed delivery.
 
 ``delivery_count`` here is the number of failed deliveries so far (abandons and lock
 expiries), which is what Service Bus puts in the AMQP header on the wire; SDKs that
@@ -107,6 +114,11 @@ class StoredMessage:
     state: MessageState = MessageState.ACTIVE
     lock_token: uuid.UUID | None = None
     locked_until: float | None = None
+    #: The connection whose receive link holds the lock (``None``: not tied to one,
+    #: e.g. a deferred message received by sequence number).
+    lock_owner: int | None = None
+    #: The owning connection is gone: the lock cannot settle the message any more.
+    lock_dropped: bool = False
     dead_letter_properties: dict[str, str] = field(default_factory=dict)
 
 
@@ -226,8 +238,7 @@ class SubQueue:
             if message is None:
                 continue
             if message.state is MessageState.SCHEDULED and message.visible_at <= now:
-                message.state = MessageState.ACTIVE
-                self._make_ready(message)
+                self._activate(message)
                 changed = True
             if (
                 message.expires_at is not None
@@ -237,6 +248,21 @@ class SubQueue:
                 self._expire_message(message)
                 changed = True
         return changed
+
+    def _activate(self, message: StoredMessage) -> None:
+        """A scheduled message became due: enqueue it now, with a new sequence number.
+
+        "The SequenceNumber for a scheduled message is only valid while the message
+        is in this state. As the message transitions to the active state, the
+        message is appended to the queue as if had been enqueued at the current
+        instant, which includes assigning a new SequenceNumber" (Microsoft Learn,
+        Message sequencing and timestamps).
+        """
+        del self._messages[message.sequence_number]
+        message.sequence_number = self.queue.next_sequence_number()
+        message.state = MessageState.ACTIVE
+        self._messages[message.sequence_number] = message
+        self._make_ready(message)
 
     def _expire_message(self, message: StoredMessage) -> None:
         self._messages.pop(message.sequence_number, None)
@@ -274,12 +300,14 @@ class SubQueue:
 
     # -- receiving ------------------------------------------------------------------------
 
-    def receive(self, now: float, *, lock: bool) -> StoredMessage | None:
+    def receive(self, now: float, *, lock: bool, owner: int | None = None) -> StoredMessage | None:
         """Take the available message with the lowest sequence number.
 
         Parameters:
             now: current time.
             lock: PeekLock (``True``) locks it; ReceiveAndDelete removes it.
+            owner: the connection whose receive link takes it (see
+                :meth:`drop_connection_locks`).
 
         Returns:
             The message, or ``None`` when none is available.
@@ -298,7 +326,7 @@ class SubQueue:
                 self._expire_message(message)
                 continue
             if lock:
-                self._lock(message, now)
+                self._lock(message, now, owner)
             else:
                 del self._messages[seq]
             return message
@@ -318,10 +346,12 @@ class SubQueue:
             heapq.heappop(self._ready)
         return False
 
-    def _lock(self, message: StoredMessage, now: float) -> None:
+    def _lock(self, message: StoredMessage, now: float, owner: int | None = None) -> None:
         token = uuid.uuid4()
         message.lock_token = token
         message.locked_until = now + self.queue.properties.lock_duration
+        message.lock_owner = owner
+        message.lock_dropped = False
         self._locks[token] = message
         heapq.heappush(self._lock_heap, (message.locked_until, next(_tiebreak), token))
 
@@ -330,25 +360,47 @@ class SubQueue:
             self._locks.pop(message.lock_token, None)
         message.lock_token = None
         message.locked_until = None
+        message.lock_owner = None
+        message.lock_dropped = False
 
-    def locked(self, token: uuid.UUID, now: float) -> StoredMessage:
+    def locked(self, token: uuid.UUID, now: float, *, settle: bool = False) -> StoredMessage:
         """The message locked by ``token``.
 
         Parameters:
             token: the lock token.
             now: current time.
+            settle: the lock is to settle the message by token; a lock whose
+                receiving connection is gone cannot (see :meth:`drop_connection_locks`).
 
         Returns:
             The locked message.
 
         Raises:
-            LockLost: the token is unknown, expired, or already settled.
+            LockLost: the token is unknown, expired, or already settled; or, with
+                ``settle``, its receiving connection is gone.
         """
         self.expire(now)
         message = self._locks.get(token)
         if message is None or message.locked_until is None or message.locked_until <= now:
             raise LockLost(str(token))
+        if settle and message.lock_dropped:
+            raise LockLost(f"{token}: the connection that received the message is gone")
         return message
+
+    def drop_connection_locks(self, owner: int) -> int:
+        """Mark the locks taken through connection ``owner`` as unable to settle.
+
+        The locks stay (renewable) until they expire; only settling by token is refused.
+
+        Returns:
+            How many locks were marked.
+        """
+        count = 0
+        for message in self._locks.values():
+            if message.lock_owner == owner and not message.lock_dropped:
+                message.lock_dropped = True
+                count += 1
+        return count
 
     # -- settling -------------------------------------------------------------------------
 
@@ -358,7 +410,7 @@ class SubQueue:
         Raises:
             LockLost: see :meth:`locked`.
         """
-        message = self.locked(token, now)
+        message = self.locked(token, now, settle=True)
         self._unlock(message)
         del self._messages[message.sequence_number]
         return message
@@ -374,7 +426,7 @@ class SubQueue:
         Raises:
             LockLost: see :meth:`locked`.
         """
-        message = self.locked(token, now)
+        message = self.locked(token, now, settle=True)
         self._unlock(message)
         if failed:
             self._count_failed_delivery(message, now)
@@ -395,7 +447,7 @@ class SubQueue:
         Raises:
             LockLost: see :meth:`locked`.
         """
-        message = self.locked(token, now)
+        message = self.locked(token, now, settle=True)
         self._unlock(message)
         if self.is_dead_letter:
             self._make_ready(message)
@@ -416,7 +468,7 @@ class SubQueue:
         Raises:
             LockLost: see :meth:`locked`.
         """
-        message = self.locked(token, now)
+        message = self.locked(token, now, settle=True)
         self._unlock(message)
         message.state = MessageState.DEFERRED
         return message
@@ -609,6 +661,24 @@ class Broker:
         if len(parts) == 1:
             return self.queue(parts[0], create=create).active
         raise EntityNotFound(path)
+
+    def drop_connection_locks(self, owner: int) -> int:
+        """Connection ``owner`` is gone: its receive links' locks can no longer settle.
+
+        Service Bus "does not support recovery of existing AMQP links on a different
+        connection": after a broken connection the lock is dropped
+        (message-transfers-locks-settlement), so a settle by lock token from another
+        connection is refused (``com.microsoft:message-lock-lost``). The message
+        stays locked until the lock ends, then comes back (a failed delivery).
+
+        Returns:
+            How many locks were dropped.
+        """
+        return sum(
+            sub.drop_connection_locks(owner)
+            for queue in self._queues.values()
+            for sub in (queue.active, queue.dead_letter)
+        )
 
     def expire(self, now: float) -> list[Queue]:
         """Apply timers on every queue.

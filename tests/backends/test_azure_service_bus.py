@@ -513,9 +513,9 @@ def test_http_status_of_the_administration_client_is_classified() -> None:
 class _ShutDownReceiver:
     """Stands in for an SDK receiver that was closed (unit test only).
 
-    One the SDK shut down after a connection error is another matter: its locks
-    still stand, and the driver settles and renews them by token
-    (``tests/test_faults.py``).
+    One the SDK shut down after a connection error is the same for the driver:
+    its connection is gone, so Service Bus cannot settle its messages any more
+    (``test_a_message_received_before_a_reset_is_lease_lost_and_comes_back``).
     """
 
     def complete_message(self, message: Any) -> None:
@@ -538,3 +538,51 @@ def test_settle_on_a_shut_down_receiver_is_lease_lost_and_a_deleted_queue_not_fo
     driver._entity_missing = True  # as after delete_queue, or a settle that found it gone
     [gone] = driver.delete(["t"])
     assert isinstance(gone, Exception) and driver.error_code(gone) is ErrorCode.QUEUE_NOT_FOUND
+
+
+def test_a_message_received_before_a_reset_is_lease_lost_and_comes_back(
+    servicebus_server: Any, fault_proxy: Any
+) -> None:
+    # Service Bus drops the locks of a broken connection ("Service Bus does not support
+    # recovery of existing AMQP links on a different connection", Microsoft Learn,
+    # Message transfers, locks, and settlement): neither settle nor renewal can keep a
+    # lease received before a reset, and the message comes back when its lock ends.
+    from leasekit.emulators.servicebus import connection_string
+
+    proxy = fault_proxy(servicebus_server.port)
+    name = servicebus_server.create_queue(lock_duration=LOCK)
+    through = leasekit.open(
+        "azure-service-bus",
+        queue=name,
+        connection_string=connection_string(proxy.host, proxy.port),
+        lock_duration=LOCK,
+        admin_port=servicebus_server.http_port,
+    )
+    direct = _open(servicebus_server, name, create=False)
+    try:
+        direct.send_many([b"a", b"b"])
+        first, second = through.lease(2, wait=5), []
+        while len(first) < 2:
+            first += through.lease(2 - len(first), wait=1)
+        proxy.drop()
+        time.sleep(0.2)
+        proxy.pass_()
+        # The next call finds the connection reset and reconnects (core retries it).
+        assert through.lease(1, wait=0.5) == []
+        started = time.monotonic()
+        with pytest.raises(LeaseLost, match="connection this message was received on is gone"):
+            first[0].complete()
+        with pytest.raises(LeaseLost):
+            first[1].renew()
+        assert time.monotonic() - started < 0.5, "a lost lease asked the network"
+        through.close()  # its idle link would take (and lock) what comes back
+        # Nothing was settled: both come back after their lock, one failed delivery each.
+        while len(second) < 2:
+            second += direct.lease(2 - len(second), wait=LOCK + 3)
+        assert sorted(lz.message.body for lz in second) == [b"a", b"b"]
+        assert [lz.message.delivery_count for lz in second] == [2, 2]
+        assert direct.complete_many(second) == [None, None]
+    finally:
+        through.close()
+        direct.delete_queue()
+        direct.close()

@@ -26,6 +26,7 @@ from azure.servicebus import (
     AutoLockRenewer,
     ServiceBusClient,
     ServiceBusMessage,
+    ServiceBusMessageState,
     ServiceBusReceiveMode,
     ServiceBusSubQueue,
 )
@@ -502,3 +503,133 @@ def test_config_properties_the_emulator_ignores_are_named_at_startup() -> None:
     assert "unknown Emulator setting 'AutoCreateQueue'" in text
     assert config.queues["dedup"].unsupported == ("RequiresDuplicateDetection",)
     assert config.queues["sample"].unsupported == ()
+
+
+# -- 8. settling after the connection that received the message broke ---------------------------
+#
+# Microsoft Learn, "Message transfers, locks, and settlement": "If the reason is a broken
+# network connection, the lock is dropped since Service Bus does not support recovery of
+# existing AMQP links on a different connection." The SDKs' troubleshooting guides and
+# "Service Bus messaging exceptions" say the same of a reconnect: "the message is not able
+# to be settled on reconnecting the link ... you may encounter ... MessageLockLost ... even
+# if the lock expiration time has not yet passed". Renewal is another matter: the .NET
+# maintainers observed that "message lock renewal can continue successfully even when the
+# connection drops and the links reconnect for non-session receivers" (quoted in
+# Azure/azure-sdk-for-python#31187, from Azure/azure-sdk-for-net#37676). Within one
+# connection, a detached link's message settles over $management (section 6 above).
+
+
+def _received_through_a_cut(
+    server: Any, fault_proxy: Any, queue: str
+) -> tuple[ServiceBusClient, Any, Any]:
+    from leasekit.emulators.servicebus import connection_string
+
+    proxy = fault_proxy(server.port)
+    sb = ServiceBusClient.from_connection_string(
+        connection_string(proxy.host, proxy.port), retry_total=0
+    )
+    receiver = sb.get_queue_receiver(queue, keep_alive=0)
+    receiver.__enter__()
+    [message] = receive_until(receiver, 1)
+    proxy.drop()  # the connection is reset; the emulator sees it go
+    time.sleep(0.2)
+    proxy.pass_()
+    # The SDK learns of the cut on its next call and shuts the handler down; the call
+    # after that opens a new connection (as the driver's next call does).
+    for attempt in range(3):
+        try:
+            receiver.peek_messages(1, sequence_number=1)
+            break
+        except ServiceBusError:
+            assert attempt < 2, "the receiver never reconnected"
+    return sb, receiver, message
+
+
+@pytest.mark.parametrize("action", ["complete", "abandon", "dead_letter", "defer"])
+def test_settling_a_message_whose_connection_broke_is_lock_lost(
+    client: ServiceBusClient, servicebus_server: Any, fault_proxy: Any, action: str
+) -> None:
+    from azure.servicebus._common.constants import MESSAGE_MGMT_SETTLEMENT_TERM_MAP
+    from azure.servicebus.exceptions import MessageLockLostError
+
+    queue = servicebus_server.create_queue(lock_duration=2)
+    send(client, queue, ServiceBusMessage(b"x"))
+    sb, receiver, message = _received_through_a_cut(servicebus_server, fault_proxy, queue)
+    try:
+        # What the SDK does when the receive link is gone: settle by lock token over
+        # $management (com.microsoft:update-disposition), on a new connection here.
+        operation = {"dead_letter": "dead-letter", "defer": "defer"}.get(action, action)
+        with pytest.raises(MessageLockLostError):
+            try:
+                receiver._settle_message_via_mgmt_link(
+                    MESSAGE_MGMT_SETTLEMENT_TERM_MAP[operation], [message.lock_token]
+                )
+            except Exception as exc:
+                raise receiver._handle_exception(exc) from exc
+    finally:
+        receiver.close()
+        sb.close()
+    # Nothing was settled: the message comes back when its lock ends, a failed delivery.
+    with client.get_queue_receiver(queue, keep_alive=0) as again:
+        [back] = receive_until(again, 1)
+        assert body(back) == b"x" and back.delivery_count == 1
+        again.complete_message(back)
+
+
+def test_a_lock_whose_connection_broke_still_renews_until_it_ends(
+    client: ServiceBusClient, servicebus_server: Any, fault_proxy: Any
+) -> None:
+    queue = servicebus_server.create_queue(lock_duration=2)
+    send(client, queue, ServiceBusMessage(b"x"))
+    sb, receiver, message = _received_through_a_cut(servicebus_server, fault_proxy, queue)
+    try:
+        # renew-lock by token over a new connection: the request names the new
+        # receive link (associated-link-name) or none; the service renews either way.
+        before = message.locked_until_utc
+        response = receiver._renew_locks(str(message.lock_token), timeout=5)
+        [renewed_ms] = response[b"expirations"]
+        assert renewed_ms / 1000 > before.timestamp()
+        with client.get_queue_receiver(queue, prefetch_count=1, keep_alive=0) as rival:
+            assert rival.receive_messages(max_wait_time=1) == [], "a renewed lock was handed out"
+    finally:
+        receiver.close()
+        sb.close()
+    with client.get_queue_receiver(queue, keep_alive=0) as again:
+        [back] = receive_until(again, 1)
+        assert back.delivery_count == 1
+        again.complete_message(back)
+
+
+# -- 9. scheduled messages take a new sequence number when they become due -----------------------
+#
+# Microsoft Learn, Message sequencing and timestamps: "The SequenceNumber for a scheduled
+# message is only valid while the message is in this state. As the message transitions to
+# the active state, the message is appended to the queue as if had been enqueued at the
+# current instant, which includes assigning a new SequenceNumber."
+
+
+@pytest.mark.parametrize("how", ["schedule_messages", "scheduled_enqueue_time_utc"])
+def test_a_scheduled_message_is_enqueued_when_due_behind_what_was_sent_before(
+    client: ServiceBusClient, servicebus_server: Any, how: str
+) -> None:
+    queue = servicebus_server.create_queue()
+    due = utcnow() + datetime.timedelta(seconds=1.5)
+    with client.get_queue_sender(queue, keep_alive=0) as sender:
+        if how == "schedule_messages":
+            [scheduled_number] = sender.schedule_messages(ServiceBusMessage(b"scheduled"), due)
+        else:
+            sender.send_messages(ServiceBusMessage(b"scheduled", scheduled_enqueue_time_utc=due))
+        with client.get_queue_receiver(queue, prefetch_count=1, keep_alive=0) as browser:
+            [peeked] = browser.peek_messages(1, sequence_number=1)
+        assert peeked.state == ServiceBusMessageState.SCHEDULED
+        sender.send_messages(ServiceBusMessage(b"sent before it was due"))
+    while utcnow() < due + datetime.timedelta(seconds=0.3):
+        time.sleep(0.05)
+    with client.get_queue_receiver(
+        queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE, keep_alive=0
+    ) as receiver:
+        got = receive_until(receiver, 2)
+    assert [body(m) for m in got] == [b"sent before it was due", b"scheduled"]
+    assert got[1].sequence_number > got[0].sequence_number > peeked.sequence_number
+    if how == "schedule_messages":
+        assert peeked.sequence_number == scheduled_number
