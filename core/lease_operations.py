@@ -1,4 +1,4 @@
-"""Renewing and settling leases in backend-sized batches: the engine behind every lease operation.
+"""Making, renewing and settling leases in backend-sized batches: the engine behind leases.
 
 :class:`LeaseOperations` is the one place that acts on held leases for a
 :class:`~leasekit.Queue`: it takes each lease from its
@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 from . import errors
 from .deadline import deadline, time_left
 from .events import Events
+from .lease import Lease
 from .lease_record import RENEW, SETTLE
-from .message import LeaseState
-from .spi import CheckpointEntry, Visibility
+from .message import LeaseState, Message
+from .spi import CheckpointEntry, RawMessage, Visibility
 
 if TYPE_CHECKING:
-    from .lease import Lease
     from .queue import Queue
 
 __all__ = ["MIN_SETTLE_TIMEOUT", "LeaseOperations", "SettleSpec"]
@@ -90,6 +90,98 @@ class LeaseOperations:
 
     def __init__(self, queue: Queue) -> None:
         self._queue = queue
+
+    # --------------------------------------------------------------- receive
+
+    def leases_from(
+        self, batch: Sequence[RawMessage], seconds: float, started: float
+    ) -> list[Lease]:
+        """Leases for a received batch; ``started`` is when the receive call began.
+
+        Where the receive could not set the lease duration (MNS), it is set
+        right after; a store's checkpoint is read for each message where the
+        backend keeps none.
+        """
+        queue = self._queue
+        leases = []
+        set_after = queue.capabilities.lease_set_after_receive
+        now = time.time()
+        store = queue.checkpoint_store
+        for raw in batch:
+            message = Message(
+                id=raw.id,
+                body=raw.body,
+                delivery_count=raw.delivery_count,
+                enqueued_at=raw.enqueued_at,
+                properties=dict(raw.properties),
+                checkpoint=raw.checkpoint if store is None else self._stored_checkpoint(raw.id),
+                group=raw.group,
+            )
+            physical = seconds
+            if set_after:  # the receive used the queue's visibility, not ours
+                physical = min(seconds, max(0.0, raw.visible_until.timestamp() - now))
+            leases.append(
+                Lease(
+                    queue,
+                    message,
+                    raw.receipt,
+                    raw.visible_until,
+                    seconds,
+                    raw,
+                    deadline=started + physical,
+                )
+            )
+        if set_after:
+            leases = self._apply_duration(leases, seconds)
+        return leases
+
+    def _stored_checkpoint(self, message_id: str) -> bytes | None:
+        """The store's checkpoint for a received message; ``None`` (logged) if it cannot be read.
+
+        Starting over is always correct, only slower: a store that fails must not
+        keep a leased message from its handler.
+        """
+        store = self._queue.checkpoint_store
+        assert store is not None
+        try:
+            return store.load(message_id)
+        except Exception as exc:
+            _log.warning(
+                "could not read the checkpoint of message %r (%r); it starts over",
+                message_id,
+                exc,
+            )
+            return None
+
+    def _apply_duration(self, leases: list[Lease], seconds: float) -> list[Lease]:
+        """Set the lease duration right after receive where the receive could not (MNS)."""
+        now = time.time()
+        resolution = self._queue.capabilities.lease_resolution
+        change = [
+            lease
+            for lease in leases
+            if abs(lease.expires_at.timestamp() - now - seconds) > resolution
+        ]
+        if not change:
+            return leases
+        results = self.renew(change, [seconds] * len(change), event=False, raise_whole=False)
+        dropped: set[int] = set()
+        for lease, result in zip(change, results, strict=True):
+            if isinstance(result, errors.LeaseLost):
+                dropped.add(id(lease))
+            elif isinstance(result, errors.BackendUnavailable | errors.BackendError):
+                # The message is already leased: hand it out with the visibility the
+                # receive gave it rather than drop it (it would stay invisible unused).
+                # Renewals still ask for ``seconds``.
+                _log.warning(
+                    "could not set the lease of message %r to %.0f s (%s); it keeps the "
+                    "%.0f s the receive gave it",
+                    lease.message.id,
+                    seconds,
+                    result,
+                    lease.expires_at.timestamp() - now,
+                )
+        return [lease for lease in leases if id(lease) not in dropped]
 
     # ---------------------------------------------------------------- settle
 

@@ -3,9 +3,11 @@
 :class:`Queue` checks every argument before any call (:mod:`leasekit.arguments`),
 sends in the backend's batches, runs the long-poll loop of :meth:`Queue.lease`,
 runs the admin calls, and retries transient failures within each call's
-deadline. Renewing and settling leases is
-:class:`~leasekit.lease_operations.LeaseOperations`' work, and dead-lettering
-where the backend has no store of its own is :class:`~leasekit.dead_letters.DeadLetters`'.
+deadline. Making leases of a received batch, renewing, settling and
+checkpointing them is :class:`~leasekit.lease_operations.LeaseOperations`' work,
+and dead-lettering where the backend has no store of its own is
+:class:`~leasekit.dead_letters.DeadLetters`'; re-driving dead letters is
+:mod:`leasekit.redrive`'s.
 """
 
 from __future__ import annotations
@@ -32,10 +34,10 @@ from .error_mapping import wrap_error
 from .events import Events
 from .lease import Lease
 from .lease_operations import MIN_SETTLE_TIMEOUT, LeaseOperations, SettleSpec
-from .message import LeaseState, Message
+from .message import LeaseState
 from .options import as_items, check_text
 from .retry import RetryPolicy
-from .spi import DeadLetter, Driver, OutgoingMessage, QueueStats, RawMessage
+from .spi import DeadLetter, Driver, OutgoingMessage, QueueStats
 
 __all__ = [
     "DEFAULT_CALL_TIMEOUT",
@@ -431,7 +433,7 @@ class Queue:
                 batch = self._call(
                     "receive", partial(self._driver.receive, want, seconds, call_wait)
                 )
-                leases.extend(self._leases_from(batch, seconds, started))
+                leases.extend(self._operations.leases_from(batch, seconds, started))
             if len(leases) >= max_messages:
                 break
             if batch and len(batch) >= want:
@@ -885,89 +887,3 @@ class Queue:
             if error is exc:
                 raise
             raise error from exc
-
-    def _leases_from(
-        self, batch: Sequence[RawMessage], seconds: float, started: float
-    ) -> list[Lease]:
-        """Leases for a received batch; ``started`` is when the receive call began."""
-        leases = []
-        set_after = self.capabilities.lease_set_after_receive
-        now = time.time()
-        store = self._checkpoint_store
-        for raw in batch:
-            message = Message(
-                id=raw.id,
-                body=raw.body,
-                delivery_count=raw.delivery_count,
-                enqueued_at=raw.enqueued_at,
-                properties=dict(raw.properties),
-                checkpoint=raw.checkpoint if store is None else self._stored_checkpoint(raw.id),
-                group=raw.group,
-            )
-            physical = seconds
-            if set_after:  # the receive used the queue's visibility, not ours
-                physical = min(seconds, max(0.0, raw.visible_until.timestamp() - now))
-            leases.append(
-                Lease(
-                    self,
-                    message,
-                    raw.receipt,
-                    raw.visible_until,
-                    seconds,
-                    raw,
-                    deadline=started + physical,
-                )
-            )
-        if set_after:
-            leases = self._apply_duration(leases, seconds)
-        return leases
-
-    def _stored_checkpoint(self, message_id: str) -> bytes | None:
-        """The store's checkpoint for a received message; ``None`` (logged) if it cannot be read.
-
-        Starting over is always correct, only slower: a store that fails must not
-        keep a leased message from its handler.
-        """
-        store = self._checkpoint_store
-        assert store is not None
-        try:
-            return store.load(message_id)
-        except Exception as exc:
-            self._log.warning(
-                "could not read the checkpoint of message %r (%r); it starts over",
-                message_id,
-                exc,
-            )
-            return None
-
-    def _apply_duration(self, leases: list[Lease], seconds: float) -> list[Lease]:
-        """Set the lease duration right after receive where the receive could not (MNS)."""
-        now = time.time()
-        resolution = self.capabilities.lease_resolution
-        change = [
-            lease
-            for lease in leases
-            if abs(lease.expires_at.timestamp() - now - seconds) > resolution
-        ]
-        if not change:
-            return leases
-        results = self._operations.renew(
-            change, [seconds] * len(change), event=False, raise_whole=False
-        )
-        dropped: set[int] = set()
-        for lease, result in zip(change, results, strict=True):
-            if isinstance(result, errors.LeaseLost):
-                dropped.add(id(lease))
-            elif isinstance(result, errors.BackendUnavailable | errors.BackendError):
-                # The message is already leased: hand it out with the visibility the
-                # receive gave it rather than drop it (it would stay invisible unused).
-                # Renewals still ask for ``seconds``.
-                self._log.warning(
-                    "could not set the lease of message %r to %.0f s (%s); it keeps the "
-                    "%.0f s the receive gave it",
-                    lease.message.id,
-                    seconds,
-                    result,
-                    lease.expires_at.timestamp() - now,
-                )
-        return [lease for lease in leases if id(lease) not in dropped]
