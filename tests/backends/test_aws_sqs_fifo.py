@@ -142,7 +142,7 @@ def test_keeper_renews_every_in_flight_message_of_the_group(fifo: Queue) -> None
 
 @pytest.mark.parametrize("face", ["threads", "tasks"])
 def test_consumer_keeps_the_order_when_a_head_fails_and_followers_were_leased_with_it(
-    fifo: Queue, face: str
+    fifo: Queue, face: str, moto_server: Any
 ) -> None:
     fifo.send_many([b"a0", b"a1", b"a2", b"a3"], group="A")
     fifo.send_many([b"b0", b"b1"], group="B")
@@ -168,7 +168,9 @@ def test_consumer_keeps_the_order_when_a_head_fails_and_followers_were_leased_wi
             handler(message)
 
         async def main() -> leasekit.ConsumerStats:
-            async with leasekit.aio.AsyncQueue(fifo) as aqueue:  # close() ends its threads
+            # A handle of its own (closing it ends its threads; the fixture's stays open).
+            own = leasekit.open("aws-sqs", queue=fifo.name, **moto_server.options)
+            async with leasekit.aio.AsyncQueue(own) as aqueue:
                 return await leasekit.aio.AsyncConsumer(aqueue, call, **options).run(
                     until_idle=True
                 )
