@@ -27,7 +27,13 @@ Delivery semantics:
     Settling checks the token: a stale receipt is refused (``LeaseLost``) and
     changes nothing. A receipt whose lease expired but whose message nobody
     re-leased still works. Renew keeps the receipt. Delivery order: by
-    visibility time, then send order. Dead letters go to a table of their own.
+    visibility time, then send order. Ordered groups (``send(..., group=...)``,
+    ``ordered=True``): a grouped row is eligible only while it is its group's
+    oldest live row (the head) and visible, and the receive locks that head row,
+    so a leased or abandoned head holds its group, comes back first, and one
+    message per group goes per receive (``docs/ordering.md``). No deduplication
+    (``deduplicates=False``). Dead letters go to a table of their own, with
+    their group.
     Times are the server's clock.
 
 Limits:
@@ -136,7 +142,7 @@ _RETRYABLE_CLASSES = ("08", "53")
 # ----------------------------------------------------------------- schema
 
 #: The current schema version (the last migration's).
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 #: Migrations, in order: (version, statements). ``{s}`` is the schema. A queue
 #: made by one version opens in the next: the next version appends to this list,
@@ -194,18 +200,32 @@ MIGRATIONS: list[tuple[int, tuple[str, ...]]] = [
             "CREATE INDEX dead_letters_queue ON {s}.dead_letters (queue_id, seq)",
         ),
     ),
+    (
+        2,
+        (
+            # Ordered groups: the group a message was sent in (NULL: unordered),
+            # kept in dead letters too; the index finds a group's head (its
+            # oldest row). Adding a nullable column rewrites no row.
+            "ALTER TABLE {s}.messages ADD COLUMN grp text",
+            "ALTER TABLE {s}.dead_letters ADD COLUMN grp text",
+            """CREATE INDEX messages_group ON {s}.messages (queue_id, grp, seq)
+                WHERE grp IS NOT NULL""",
+        ),
+    ),
 ]
 
 _QUEUE_ID = "(SELECT id FROM {s}.queues WHERE name = %(queue)s)"
 
+#: Rows are inserted in the list's order (``ORDER BY r.n``), so ``seq`` is the
+#: send order a group's messages are handed out in.
 _SEND = (
     "INSERT INTO {s}.messages (queue_id, id, body, properties, enqueued_at, visible_at, "
-    "discard_at) "
+    "discard_at, grp) "
     "SELECT q.id, r.id, r.body, r.props, now(), now() + make_interval(secs => r.delay), "
-    "CASE WHEN r.ttl IS NULL THEN NULL ELSE now() + make_interval(secs => r.ttl) END "
+    "CASE WHEN r.ttl IS NULL THEN NULL ELSE now() + make_interval(secs => r.ttl) END, r.grp "
     "FROM {s}.queues q, unnest(%(ids)s::uuid[], %(bodies)s::bytea[], %(props)s::jsonb[], "
-    "%(delays)s::float8[], %(ttls)s::float8[]) WITH ORDINALITY AS r(id, body, props, delay, "
-    "ttl, n) WHERE q.name = %(queue)s ORDER BY r.n"
+    "%(delays)s::float8[], %(ttls)s::float8[], %(groups)s::text[]) WITH ORDINALITY "
+    "AS r(id, body, props, delay, ttl, grp, n) WHERE q.name = %(queue)s ORDER BY r.n"
 )
 
 #: Give the messages of expired lease batches back to the queue (visible since
@@ -226,11 +246,24 @@ _PURGE = (
 
 #: One receive: pick visible messages (skipping rows other receivers hold),
 #: make one lease batch for them, and point each at it with a fresh token.
+#:
+#: Ordered groups: a grouped row is picked only while it is its group's head —
+#: no older live row (not past its TTL) of the group exists, leased or not — so
+#: a leased or abandoned head holds its group and at most one row per group is
+#: picked. The lock is taken on the head row itself: a receiver that finds the
+#: head locked (another receive is taking it) skips it, and the group's next row
+#: is not a head while that row exists; a head taken and committed meanwhile is
+#: rechecked on its new version (``lease_id`` set) and dropped. A group moves
+#: on only when its head row is deleted (completed, dead-lettered, purged) or
+#: its TTL passed (then it can no longer be settled either).
 _RECEIVE = (
     "WITH q AS " + _QUEUE_ID + ", "
     "picked AS (SELECT m.seq, m.visible_at AS was FROM {s}.messages m "
     "WHERE m.queue_id = (SELECT id FROM q) AND m.lease_id IS NULL AND m.visible_at <= now() "
     "AND (m.discard_at IS NULL OR m.discard_at > now()) "
+    "AND (m.grp IS NULL OR NOT EXISTS (SELECT 1 FROM {s}.messages h "
+    "WHERE h.queue_id = m.queue_id AND h.grp = m.grp AND h.seq < m.seq "
+    "AND (h.discard_at IS NULL OR h.discard_at > now()))) "
     "ORDER BY m.visible_at, m.seq LIMIT %(limit)s FOR UPDATE OF m SKIP LOCKED), "
     "batch AS (INSERT INTO {s}.leases (queue_id, expires_at) "
     "SELECT (SELECT id FROM q), now() + make_interval(secs => %(seconds)s) "
@@ -240,10 +273,10 @@ _RECEIVE = (
     "token = floor(random() * 9007199254740991)::bigint + 1 "
     "FROM picked, batch WHERE m.seq = picked.seq "
     "RETURNING m.seq, m.id, m.body, m.properties, m.enqueued_at, m.delivery_count, m.token, "
-    "batch.expires_at, picked.was) "
+    "batch.expires_at, picked.was, m.grp) "
     # In delivery order (visible since, then sent); the receipt made here, as text.
     "SELECT id::text, body, properties, enqueued_at, delivery_count, "
-    "seq::text || '.' || token::text, expires_at FROM taken ORDER BY was, seq"
+    "seq::text || '.' || token::text, expires_at, grp FROM taken ORDER BY was, seq"
 )
 
 _EXISTS = "SELECT 1 FROM {s}.queues WHERE name = %(queue)s"
@@ -301,14 +334,15 @@ _ABANDON = (
 
 _DEAD_LETTER = (
     "WITH gone AS (DELETE FROM {s}.messages m USING " + _HELD[5:] + " "
-    "RETURNING m.queue_id, m.id, m.body, m.properties, m.enqueued_at, m.delivery_count) "
+    "RETURNING m.queue_id, m.id, m.body, m.properties, m.enqueued_at, m.delivery_count, "
+    "m.grp) "
     "INSERT INTO {s}.dead_letters (queue_id, id, body, properties, enqueued_at, "
-    "delivery_count, reason) SELECT queue_id, id, body, properties, enqueued_at, "
-    "delivery_count, %(reason)s FROM gone RETURNING seq"
+    "delivery_count, reason, grp) SELECT queue_id, id, body, properties, enqueued_at, "
+    "delivery_count, %(reason)s, grp FROM gone RETURNING seq"
 )
 
 _DEAD_LETTERS = (
-    "SELECT id, body, reason, delivery_count, properties FROM {s}.dead_letters "
+    "SELECT id, body, reason, delivery_count, properties, grp FROM {s}.dead_letters "
     "WHERE queue_id = " + _QUEUE_ID + " ORDER BY seq LIMIT %(limit)s"
 )
 
@@ -375,6 +409,7 @@ CAPABILITIES = Capabilities(
     queue_stats=True,
     counts=frozenset({"visible", "leased", "delayed", "dead_lettered"}),
     inspect_dead_letters=True,
+    ordered=True,
 )
 
 #: Largest body: PostgreSQL's limit on one field (1 GB), less a margin.
@@ -835,6 +870,7 @@ class PostgresqlDriver(Driver):
             "props": [Jsonb(dict(m.properties)) if m.properties else None for m in messages],
             "delays": [float(m.delay) for m in messages],
             "ttls": [None if m.ttl is None else float(m.ttl) for m in messages],
+            "groups": [m.group for m in messages],
         }
         with self._connection() as conn:
             cursor = conn.execute(self._q("send", _SEND), params)
@@ -875,8 +911,9 @@ class PostgresqlDriver(Driver):
                 enqueued_at=enqueued_at,
                 visible_until=until,
                 properties=_props(props),
+                group=group,
             )
-            for message_id, body, props, enqueued_at, count, receipt, until in rows
+            for message_id, body, props, enqueued_at, count, receipt, until, group in rows
         ]
 
     def _reap(self, conn: psycopg.Connection[Any], params: dict[str, Any], now: float) -> int:
@@ -1009,8 +1046,15 @@ class PostgresqlDriver(Driver):
             if not rows:
                 self._check_exists(conn)
         return [
-            DeadLetter(id=str(i), body=bytes(b), reason=r, delivery_count=c, properties=_props(p))
-            for i, b, r, c, p in rows
+            DeadLetter(
+                id=str(i),
+                body=bytes(b),
+                reason=r,
+                delivery_count=c,
+                properties=_props(p),
+                group=g,
+            )
+            for i, b, r, c, p, g in rows
         ]
 
     def peek(self, limit: int) -> list[RawMessage]:
