@@ -241,9 +241,10 @@ def handle(
             return _namespace(broker, base)
         if path.lower() == "$resources/queues" and method == "GET":
             return _list(broker, base, query)
-        if path.lower().startswith("$resources/") or "/" in path:
+        segments = path.casefold().split("/")
+        if path.lower().startswith("$resources/") or "subscriptions" in segments[1:]:
             return _error(501, TOPICS_UNSUPPORTED)
-        if not path or path.startswith("$"):
+        if not path or "$" in path:
             return _error(400, f"The entity path {path!r} is not valid.")
         if path.casefold() in broker.config.topics:
             return _error(501, TOPICS_UNSUPPORTED)

@@ -42,6 +42,7 @@ import datetime
 import heapq
 import itertools
 import logging
+import re
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -67,6 +68,29 @@ _log = logging.getLogger("leasekit.emulators.servicebus")
 DEAD_LETTER_SUFFIX = "$deadletterqueue"
 MAX_DELIVERY_REASON = "MaxDeliveryCountExceeded"
 TTL_EXPIRED_REASON = "TTLExpiredException"
+#: Longest entity path (QueueProperties.Name: "Max length is 260 chars").
+MAX_ENTITY_NAME = 260
+#: One path segment: letters, digits, periods, hyphens and underscores, starting and
+#: ending with a letter or digit (the service's 400: "Entity segments can contain only
+#: letters, numbers, periods (.), hyphens (-), and underscores (_)").
+_SEGMENT = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
+
+
+def entity_name_error(name: str) -> str | None:
+    """Why ``name`` is not a valid queue name, or ``None`` if it is.
+
+    A name is ``/``-separated segments (a queue may be ``app/orders/v1``), at most
+    260 characters, each segment following :data:`_SEGMENT`.
+    """
+    if not name or len(name) > MAX_ENTITY_NAME:
+        return f"The entity name {name!r} must be 1 to {MAX_ENTITY_NAME} characters long."
+    if not all(_SEGMENT.fullmatch(segment) for segment in name.split("/")):
+        return (
+            f"The entity name {name!r} is not valid. Entity segments can contain only "
+            "letters, numbers, periods (.), hyphens (-), and underscores (_), and must "
+            "start and end with a letter or number."
+        )
+    return None
 
 
 class EntityNotFound(LookupError):
@@ -602,11 +626,12 @@ class Broker:
             The queue.
 
         Raises:
-            ValueError: the name is empty or contains ``$`` or ``/`` segments the
-                emulator reserves.
+            ValueError: the name breaks Service Bus' entity-name rules
+                (:func:`entity_name_error`).
         """
-        if not name or "$" in name or name.startswith("/") or name.endswith("/"):
-            raise ValueError(f"invalid queue name: {name!r}")
+        error = entity_name_error(name)
+        if error is not None:
+            raise ValueError(error)
         key = name.casefold()
         queue = self._queues.get(key)
         props = properties or self.config.default_properties
@@ -642,7 +667,7 @@ class Broker:
         queue = self._queues.get(name.casefold())
         if queue is not None:
             return queue
-        if create and self.config.may_auto_create(name) and "$" not in name and name:
+        if create and self.config.may_auto_create(name) and entity_name_error(name) is None:
             # Service Bus would answer MessagingEntityNotFound: say loudly that this
             # name (a typo, a topic?) became a queue.
             _log.warning("AutoCreateQueues: created queue %r on first use", name)
@@ -652,15 +677,19 @@ class Broker:
     def entity(self, path: str, *, create: bool = True) -> SubQueue:
         """Resolve ``<queue>`` or ``<queue>/$deadletterqueue`` to a sub-queue.
 
+        A queue name may itself hold ``/`` (``app/orders``); only a last segment
+        ``$deadletterqueue`` names a sub-queue.
+
         Raises:
             EntityNotFound: no such entity.
         """
-        parts = path.strip("/").split("/")
-        if len(parts) == 2 and parts[1].casefold() == DEAD_LETTER_SUFFIX:
-            return self.queue(parts[0], create=create).dead_letter
-        if len(parts) == 1:
-            return self.queue(parts[0], create=create).active
-        raise EntityNotFound(path)
+        name = path.strip("/")
+        queue_name, _, last = name.rpartition("/")
+        if queue_name and last.casefold() == DEAD_LETTER_SUFFIX:
+            return self.queue(queue_name, create=create).dead_letter
+        if "$" in name:
+            raise EntityNotFound(path)
+        return self.queue(name, create=create).active
 
     def drop_connection_locks(self, owner: int) -> int:
         """Connection ``owner`` is gone: its receive links' locks can no longer settle.

@@ -633,3 +633,41 @@ def test_a_scheduled_message_is_enqueued_when_due_behind_what_was_sent_before(
     assert got[1].sequence_number > got[0].sequence_number > peeked.sequence_number
     if how == "schedule_messages":
         assert peeked.sequence_number == scheduled_number
+
+
+# -- 10. issue 22 item 8: the remaining divergences --------------------------------------------
+
+
+def test_queue_paths_with_slashes_are_queues_and_entity_names_follow_the_rules(
+    client: ServiceBusClient, servicebus_server: Any
+) -> None:
+    """A queue name may hold ``/`` (path segments); names out of the rules are refused.
+
+    Microsoft Learn, QueueProperties.Name (Azure.Messaging.ServiceBus.Administration):
+    "Max length is 260 chars. Cannot start or end with a slash."; the service's 400
+    answer: "Entity segments can contain only letters, numbers, periods (.), hyphens
+    (-), and underscores (_)", each starting and ending with a letter or number.
+    """
+    from azure.core.exceptions import HttpResponseError
+
+    queue = f"{servicebus_server.queue_name()}/orders/v1.2_x"
+    servicebus_server.create_queue(queue, max_delivery_count=1)
+    send(client, queue, ServiceBusMessage(b"pathed"))
+    with client.get_queue_receiver(queue, keep_alive=0) as receiver:
+        [message] = receive_until(receiver, 1)
+        assert body(message) == b"pathed"
+        receiver.abandon_message(message)  # MaxDeliveryCount 1: to the dead-letter queue
+    with client.get_queue_receiver(
+        queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER, keep_alive=0
+    ) as dlq:
+        [dead] = receive_until(dlq, 1)
+        assert body(dead) == b"pathed"
+        dlq.complete_message(dead)
+    with servicebus_server.admin_client() as admin:
+        assert admin.get_queue(queue).name == queue
+        assert queue in [q.name for q in admin.list_queues()]
+    for bad in ("-starts-with-hyphen", "ends.with.period.", "has space", "a+b", "a//b", "x" * 261):
+        with pytest.raises(HttpResponseError) as info:
+            servicebus_server.create_queue(bad)
+        assert info.value.status_code == 400, bad
+    servicebus_server.create_queue("q" + "x" * 259)  # 260 characters: allowed
