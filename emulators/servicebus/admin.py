@@ -11,7 +11,8 @@ emulator serves it on a second port (5300 by default); so does this one
   ``409`` if it exists; with ``If-Match`` (the SDK's ``update_queue``): update
   (``200``), ``404`` if missing. The properties the broker honours are applied
   (``LockDuration``, ``MaxDeliveryCount``, ``DefaultMessageTimeToLive``,
-  ``DeadLetteringOnMessageExpiration``, ``RequiresSession``); one it cannot honour
+  ``DeadLetteringOnMessageExpiration``, ``RequiresSession``, which, as on Service
+  Bus, only a create may set: an update changing it gets ``400``); one it cannot honour
   set to a value that matters (``RequiresDuplicateDetection: true``,
   ``ForwardTo``...) is refused ``501``, naming it;
 * ``GET /{queue}``: the entry with runtime counts; a missing queue gives ``200``
@@ -293,6 +294,14 @@ def _put(broker: Broker, base: str, name: str, request: AdminRequest) -> AdminRe
         return _error(400, str(exc))
     if properties.unsupported:
         return _error(501, "; ".join(n for n in notes if "not supported" in n))
+    if existing is not None and properties.requires_session != existing.properties.requires_session:
+        # "You can't enable or disable message sessions after the queue or subscription
+        # is created" (Microsoft Learn, Enable message sessions).
+        return _error(
+            400,
+            "SubCode=40000. The value for the RequiresSession property of an existing "
+            f"Queue cannot be changed. Entity: '{name}'.",
+        )
     for note in notes:
         _log.warning("admin: queue %r: %s", name, note)
     try:

@@ -671,3 +671,28 @@ def test_queue_paths_with_slashes_are_queues_and_entity_names_follow_the_rules(
             servicebus_server.create_queue(bad)
         assert info.value.status_code == 400, bad
     servicebus_server.create_queue("q" + "x" * 259)  # 260 characters: allowed
+
+
+def test_requires_session_cannot_change_on_an_existing_queue(servicebus_server: Any) -> None:
+    """RequiresSession is fixed at creation; an update that changes it is refused.
+
+    Microsoft Learn, "Enable message sessions for an Azure Service Bus queue or a
+    subscription": "You can't enable or disable message sessions after the queue or
+    subscription is created. You can only do so at the time of creating the queue or
+    subscription."
+    """
+    from azure.core.exceptions import HttpResponseError
+
+    queue = servicebus_server.create_queue(max_delivery_count=3)
+    with servicebus_server.admin_client() as admin:
+        properties = admin.get_queue(queue)
+        properties.requires_session = True
+        with pytest.raises(HttpResponseError) as info:
+            admin.update_queue(properties)
+        assert info.value.status_code == 400
+        assert "RequiresSession" in str(info.value)
+        assert admin.get_queue(queue).requires_session is False
+        properties = admin.get_queue(queue)  # other properties still update
+        properties.max_delivery_count = 5
+        admin.update_queue(properties)
+        assert admin.get_queue(queue).max_delivery_count == 5
