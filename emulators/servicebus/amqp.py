@@ -802,6 +802,8 @@ class ServiceBusEmulator(Handler):
         except LockLost as exc:
             raise _MgmtError(410, LOCK_LOST, LOCK_LOST_TEXT) from exc
         except MessageNotFound as exc:
+            # An expired deferred message may just have been dead-lettered.
+            self._pump_entity(entity.queue.dead_letter)
             raise _MgmtError(404, "com.microsoft:message-not-found", str(exc)) from exc
         except (ValueError, TypeError) as exc:
             raise _MgmtError(400, "com.microsoft:argument-error", str(exc)) from exc

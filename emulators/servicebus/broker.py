@@ -19,7 +19,8 @@ Emulated (as documented for Azure Service Bus queues):
     * time-to-live: min(message TTL, queue DefaultMessageTimeToLive); an expired
       message is dropped or, with DeadLetteringOnMessageExpiration, dead-lettered
       with ``TTLExpiredException``; a locked message does not expire until its lock
-      ends; dead-lettered messages never expire;
+      ends; a deferred one only when it is received by sequence number;
+      dead-lettered messages never expire;
     * any use of a lost or expired lock raises :class:`LockLost`;
     * a lock taken by a receive link belongs to that link's connection: once the
       connection is gone (:meth:`Broker.drop_connection_locks`), the lock can no
@@ -268,6 +269,10 @@ class SubQueue:
                 message.expires_at is not None
                 and message.expires_at <= now
                 and message.lock_token is None
+                # "Deferred messages aren't expired and automatically moved to a
+                # dead-letter queue until a client app attempts to receive them"
+                # (Microsoft Learn, Message deferral): see receive_deferred.
+                and message.state is not MessageState.DEFERRED
             ):
                 self._expire_message(message)
                 changed = True
@@ -533,18 +538,33 @@ class SubQueue:
     ) -> list[StoredMessage]:
         """Receive deferred messages by sequence number.
 
+        A deferred message is checked for expiry only here, as Service Bus does
+        ("When a client tries to retrieve a deferred message, it's checked for
+        expired condition and moved to a dead-letter queue if it's already
+        expired", Microsoft Learn, Message deferral): an expired one is
+        dead-lettered (or dropped, without DeadLetteringOnMessageExpiration) and
+        not found.
+
         Raises:
-            MessageNotFound: a number does not name a deferred message here.
+            MessageNotFound: a number does not name a deferred message here (or
+                it had expired).
         """
         self.expire(now)
         found: list[StoredMessage] = []
+        missing: list[str] = []
         for seq in sequence_numbers:
             message = self._messages.get(seq)
             if message is None or message.state is not MessageState.DEFERRED:
-                raise MessageNotFound(f"deferred message {seq} not found in {self.path}")
-            if message.lock_token is not None and message.locked_until is not None:
-                raise MessageNotFound(f"deferred message {seq} is locked")
-            found.append(message)
+                missing.append(f"deferred message {seq} not found in {self.path}")
+            elif message.lock_token is not None and message.locked_until is not None:
+                missing.append(f"deferred message {seq} is locked")
+            elif message.expires_at is not None and message.expires_at <= now:
+                self._expire_message(message)
+                missing.append(f"deferred message {seq} had expired")
+            else:
+                found.append(message)
+        if missing:
+            raise MessageNotFound("; ".join(missing))
         for message in found:
             if lock:
                 self._lock(message, now)

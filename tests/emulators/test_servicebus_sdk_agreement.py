@@ -696,3 +696,43 @@ def test_requires_session_cannot_change_on_an_existing_queue(servicebus_server: 
         properties.max_delivery_count = 5
         admin.update_queue(properties)
         assert admin.get_queue(queue).max_delivery_count == 5
+
+
+def test_an_expired_deferred_message_is_dead_lettered_only_when_asked_for(
+    client: ServiceBusClient, servicebus_server: Any
+) -> None:
+    """A deferred message past its TTL stays until it is received by sequence number.
+
+    Microsoft Learn, "Message deferral": "Deferred messages aren't expired and
+    automatically moved to a dead-letter queue until a client app attempts to receive
+    them using an API and the sequence number. This behavior is by design. When a
+    client tries to retrieve a deferred message, it's checked for expired condition and
+    moved to a dead-letter queue if it's already expired. An expired message is moved
+    to a deadletter subqueue only when the dead-letter feature is enabled".
+    """
+    queue = servicebus_server.create_queue(
+        default_message_time_to_live=2, dead_lettering_on_message_expiration=True
+    )
+    send(client, queue, ServiceBusMessage(b"later"))
+    sent = time.monotonic()
+    with client.get_queue_receiver(queue, keep_alive=0) as receiver:
+        [message] = receive_until(receiver, 1)
+        receiver.defer_message(message)
+        while time.monotonic() < sent + 2.5:
+            time.sleep(0.05)
+        with client.get_queue_receiver(
+            queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER, prefetch_count=1, keep_alive=0
+        ) as dlq:
+            assert dlq.peek_messages(5, sequence_number=1) == []
+        [still] = receiver.peek_messages(5, sequence_number=1)
+        assert still.state == ServiceBusMessageState.DEFERRED
+        with pytest.raises(ServiceBusError):
+            receiver.receive_deferred_messages([message.sequence_number])
+        assert receiver.peek_messages(5, sequence_number=1) == []
+    with client.get_queue_receiver(
+        queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER, keep_alive=0
+    ) as dlq:
+        [dead] = receive_until(dlq, 1)
+        assert body(dead) == b"later"
+        assert dead.dead_letter_reason == "TTLExpiredException"
+        dlq.complete_message(dead)
