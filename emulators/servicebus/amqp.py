@@ -546,8 +546,15 @@ class ServiceBusEmulator(Handler):
             # ServiceBusMessageState: 0 active, 1 deferred, 2 scheduled.
             annotations["x-opt-message-state"] = message.state.value
         sections: list[Section] = message.payload
+        # The time-to-live applied, min(message's, queue's DefaultMessageTimeToLive),
+        # is what the service shows on the message ("a larger value specified on the
+        # message will be overridden by the entity's DefaultMessageTimeToLive value",
+        # BrokeredMessage.TimeToLive).
+        ttl = message.time_to_live
+        ttl_ms = round(ttl * 1000) if ttl is not None else None
         return render(
             sections,
+            time_to_live_ms=ttl_ms,
             delivery_count=message.delivery_count,
             annotations=annotations,
             application_properties=message.dead_letter_properties or None,

@@ -145,6 +145,9 @@ class StoredMessage:
     #: The owning connection is gone: the lock cannot settle the message any more.
     lock_dropped: bool = False
     dead_letter_properties: dict[str, str] = field(default_factory=dict)
+    #: The time-to-live applied (seconds), min(message's, queue's); kept when the
+    #: message is dead-lettered (where it no longer expires).
+    time_to_live: float | None = None
 
 
 class SubQueue:
@@ -214,7 +217,8 @@ class SubQueue:
             default_ttl = self.queue.properties.default_ttl
             effective = [t for t in (ttl, default_ttl) if t is not None and t > 0]
             if effective:
-                message.expires_at = visible_at + min(effective)
+                message.time_to_live = min(effective)
+                message.expires_at = visible_at + message.time_to_live
         if visible_at > now:
             message.state = MessageState.SCHEDULED
             heapq.heappush(self._time_heap, (visible_at, message.sequence_number))

@@ -260,6 +260,7 @@ def render(
     annotations: dict[str, Any],
     application_properties: dict[str, Any] | None = None,
     delivery_annotations: dict[str, Any] | None = None,
+    time_to_live_ms: int | None = None,
 ) -> bytes:
     """Encode a message for delivery with broker-owned fields set.
 
@@ -274,6 +275,8 @@ def render(
             ``timestamp`` values must already be :class:`proton.timestamp`.
         application_properties: application properties to add or replace.
         delivery_annotations: delivery annotations to add or replace.
+        time_to_live_ms: the header's ttl to set (the time-to-live the broker
+            applies, capped to an AMQP ``uint``); ``None`` keeps the sender's.
 
     Returns:
         The encoded message.
@@ -296,6 +299,8 @@ def render(
         old = list(by_code[HEADER].value() or [])
         header[: len(old)] = old[:5]
     header[4] = uint(delivery_count)
+    if time_to_live_ms is not None:
+        header[2] = uint(min(max(time_to_live_ms, 0), 2**32 - 1))
     out = [encode_section(HEADER, header)]
 
     if delivery_annotations:

@@ -736,3 +736,38 @@ def test_an_expired_deferred_message_is_dead_lettered_only_when_asked_for(
         assert body(dead) == b"later"
         assert dead.dead_letter_reason == "TTLExpiredException"
         dlq.complete_message(dead)
+
+
+def test_the_queues_ttl_ceiling_shows_on_the_received_message(
+    client: ServiceBusClient, servicebus_server: Any
+) -> None:
+    """A message's time-to-live is capped by the queue's, and received as capped.
+
+    Microsoft Learn, BrokeredMessage.TimeToLive: "TimeToLive is the maximum lifetime
+    that a message can receive, but its value cannot exceed the entity specified the
+    DefaultMessageTimeToLive value on the destination queue or subscription. If a
+    lower TimeToLive value is specified, it will be applied to the individual message.
+    However, a larger value specified on the message will be overridden by the
+    entity's DefaultMessageTimeToLive value." (and "Message expiration (Time to Live)":
+    the entity's value is used when the message sets none).
+    """
+    queue = servicebus_server.create_queue(default_message_time_to_live=30)
+    send(
+        client,
+        queue,
+        ServiceBusMessage(b"longer", time_to_live=datetime.timedelta(seconds=60)),
+        ServiceBusMessage(b"shorter", time_to_live=datetime.timedelta(seconds=10)),
+        ServiceBusMessage(b"unset"),
+    )
+    with client.get_queue_receiver(
+        queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE, keep_alive=0
+    ) as receiver:
+        got = receive_until(receiver, 3)
+    ttls = {body(m): m.time_to_live for m in got}
+    assert ttls == {
+        b"longer": datetime.timedelta(seconds=30),
+        b"shorter": datetime.timedelta(seconds=10),
+        b"unset": datetime.timedelta(seconds=30),
+    }
+    for message in got:
+        assert message.expires_at_utc == message.enqueued_time_utc + message.time_to_live
