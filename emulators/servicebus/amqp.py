@@ -522,7 +522,7 @@ class ServiceBusEmulator(Handler):
         message = entity.receive(now, lock=lock, owner=getattr_safe(link.connection, "sb_id"))
         if message is None:
             return False
-        payload = self._render(message, locked=lock)
+        payload = self._render(message, locked=lock, delivered=True)
         token = message.lock_token if lock and message.lock_token else uuid.uuid4()
         delivery = link.delivery(token.bytes_le)
         link.stream(payload)
@@ -535,7 +535,14 @@ class ServiceBusEmulator(Handler):
             delivery.settle()
         return True
 
-    def _render(self, message: StoredMessage, *, locked: bool, peek: bool = False) -> bytes:
+    def _render(
+        self,
+        message: StoredMessage,
+        *,
+        locked: bool,
+        peek: bool = False,
+        delivered: bool = False,
+    ) -> bytes:
         annotations: dict[str, Any] = {
             "x-opt-sequence-number": message.sequence_number,
             "x-opt-enqueued-time": ms_timestamp(message.enqueued_at),
@@ -560,9 +567,13 @@ class ServiceBusEmulator(Handler):
             application_properties=message.dead_letter_properties or None,
             # Service Bus names the lock in the delivery annotations too (the SDK's
             # ServiceBusReceivedMessage.lock_token falls back to it).
+            # A delivery on a receive link always has the section: empty in
+            # ReceiveAndDelete, as the service sends it.
             delivery_annotations=(
                 {"x-opt-lock-token": message.lock_token}
                 if locked and message.lock_token is not None
+                else {}
+                if delivered
                 else None
             ),
         )

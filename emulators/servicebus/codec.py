@@ -274,7 +274,8 @@ def render(
         annotations: message annotations to set (symbol keys are made from the names);
             ``timestamp`` values must already be :class:`proton.timestamp`.
         application_properties: application properties to add or replace.
-        delivery_annotations: delivery annotations to add or replace.
+        delivery_annotations: delivery annotations to add or replace; ``{}``
+            writes the section even when there is nothing in it.
         time_to_live_ms: the header's ttl to set (the time-to-live the broker
             applies, capped to an AMQP ``uint``); ``None`` keeps the sender's.
 
@@ -303,7 +304,7 @@ def render(
         header[2] = uint(min(max(time_to_live_ms, 0), 2**32 - 1))
     out = [encode_section(HEADER, header)]
 
-    if delivery_annotations:
+    if delivery_annotations is not None:
         delivered: dict[Any, Any] = {}
         if DELIVERY_ANNOTATIONS in by_code:
             delivered.update(by_code[DELIVERY_ANNOTATIONS].value() or {})

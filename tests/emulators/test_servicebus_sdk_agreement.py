@@ -771,3 +771,22 @@ def test_the_queues_ttl_ceiling_shows_on_the_received_message(
     }
     for message in got:
         assert message.expires_at_utc == message.enqueued_time_utc + message.time_to_live
+
+
+def test_receive_and_delete_deliveries_carry_an_empty_delivery_annotations_section(
+    client: ServiceBusClient, servicebus_server: Any
+) -> None:
+    """A ReceiveAndDelete delivery has delivery annotations, empty without a lock.
+
+    The service writes the delivery-annotations section on every message it delivers
+    on a receive link (in PeekLock it holds ``x-opt-lock-token``, see section 7); in
+    ReceiveAndDelete there is no lock to name, and the section comes empty, so the SDK
+    shows ``{}``, not ``None``.
+    """
+    queue = servicebus_server.create_queue()
+    send(client, queue, ServiceBusMessage(b"x"))
+    with client.get_queue_receiver(
+        queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE, keep_alive=0
+    ) as receiver:
+        [message] = receive_until(receiver, 1)
+    assert message.raw_amqp_message.delivery_annotations == {}
