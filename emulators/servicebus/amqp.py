@@ -90,6 +90,7 @@ from .codec import (
     Section,
     inspect,
     ms_timestamp,
+    property_quota_error,
     render,
     service_decimals,
     split_sections,
@@ -630,6 +631,11 @@ class ServiceBusEmulator(Handler):
             messages = [service_decimals(sections) for sections in unpack(payload)]
         except ValueError as exc:
             return Delivery.REJECTED, _condition("amqp:decode-error", str(exc))
+        for sections in messages:
+            quota = property_quota_error(sections)
+            if quota is not None:
+                # The service raises a SerializationException; nothing is enqueued.
+                return Delivery.REJECTED, _condition("amqp:link:message-size-exceeded", quota)
         now = self.clock()
         for sections in messages:
             self._enqueue(entity, sections, now)
@@ -811,6 +817,9 @@ class ServiceBusEmulator(Handler):
                     if raw is None:
                         raise _MgmtError(400, "com.microsoft:argument-error", "message missing")
                     sections = service_decimals(split_sections(bytes(raw)))
+                    quota = property_quota_error(sections)
+                    if quota is not None:
+                        raise _MgmtError(400, "amqp:link:message-size-exceeded", quota)
                     seqs.append(self._enqueue(entity, sections, now).sequence_number)
                 self._pump_entity(entity)
                 return {"sequence-numbers": _array(Data.LONG, seqs)}

@@ -34,7 +34,8 @@ expiries), which is what Service Bus puts in the AMQP header on the wire; SDKs t
 show a 1-based count add one on receive.
 
 Not emulated: sessions, topics/subscriptions, duplicate detection, auto-forwarding,
-partitioning, size quotas, transactions.
+partitioning, entity size quotas (the message and property quotas are the AMQP
+layer's), transactions.
 """
 
 from __future__ import annotations

@@ -790,3 +790,29 @@ def test_receive_and_delete_deliveries_carry_an_empty_delivery_annotations_secti
     ) as receiver:
         [message] = receive_until(receiver, 1)
     assert message.raw_amqp_message.delivery_annotations == {}
+
+
+@pytest.mark.parametrize(
+    ("properties", "match"),
+    [
+        ({"big": "x" * (33 * 1024)}, "32 KB"),
+        ({f"p{i}": "x" * (20 * 1024) for i in range(4)}, "64 KB"),
+    ],
+)
+def test_application_property_size_quotas_are_enforced_on_send(
+    client: ServiceBusClient, servicebus_server: Any, properties: dict[str, str], match: str
+) -> None:
+    """Application properties over Service Bus' property quotas are refused.
+
+    Microsoft Learn, "Service Bus quotas", Message property size for a queue, topic, or
+    subscription entity: "Maximum message property size for each property is 32 KB.
+    Cumulative size of all properties can't exceed 64 KB. This limit applies to the
+    entire header of the brokered message, which has both user properties and system
+    properties, such as sequence number, label, and message ID."
+    """
+    queue = servicebus_server.create_queue()
+    with pytest.raises(ServiceBusError, match=match):
+        send(client, queue, ServiceBusMessage(b"x", application_properties=properties))
+    send(client, queue, ServiceBusMessage(b"ok", application_properties={"small": "y" * 1024}))
+    with client.get_queue_receiver(queue, prefetch_count=1, keep_alive=0) as receiver:
+        assert [body(m) for m in receiver.peek_messages(5, sequence_number=1)] == [b"ok"]
