@@ -816,3 +816,31 @@ def test_application_property_size_quotas_are_enforced_on_send(
     send(client, queue, ServiceBusMessage(b"ok", application_properties={"small": "y" * 1024}))
     with client.get_queue_receiver(queue, prefetch_count=1, keep_alive=0) as receiver:
         assert [body(m) for m in receiver.peek_messages(5, sequence_number=1)] == [b"ok"]
+
+
+def test_max_message_size_in_kilobytes_is_the_standard_tiers_256_kb(
+    client: ServiceBusClient, servicebus_server: Any
+) -> None:
+    """The emulated namespace is Standard: messages up to 256 KB, no other size quota.
+
+    Microsoft Learn, CreateQueueOptions.MaxMessageSizeInKilobytes: "This feature is only
+    available when using a Premium namespace and service version "2021-05" or higher";
+    "Service Bus quotas": message size 256 KB on the Standard tier. The SDK's own live
+    test (test_mgmt_topics, standard namespace) expects ``HttpResponseError`` from a
+    create with ``max_message_size_in_kilobytes=1024`` ("basic/standard tiers does not
+    support").
+    """
+    from azure.core.exceptions import HttpResponseError
+
+    with pytest.raises(HttpResponseError) as info:
+        servicebus_server.create_queue(max_message_size_in_kilobytes=1024)
+    assert info.value.status_code == 400
+    assert "MaxMessageSizeInKilobytes" in str(info.value)
+    queue = servicebus_server.create_queue(max_message_size_in_kilobytes=256)
+    with servicebus_server.admin_client() as admin:
+        properties = admin.get_queue(queue)
+        assert properties.max_message_size_in_kilobytes == 256
+        admin.update_queue(properties)  # the value it reports goes back unchanged
+    with pytest.raises(ServiceBusError):
+        send(client, queue, ServiceBusMessage(b"x" * (257 * 1024)))
+    send(client, queue, ServiceBusMessage(b"x" * (200 * 1024)))
