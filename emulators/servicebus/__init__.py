@@ -43,8 +43,9 @@ Not emulated, each refused at once with a clear error, never emulated silently:
   config file's warning names it at startup);
 * AMQP over WebSocket: an HTTP request on the AMQP port is answered
   ``501 Not Implemented`` saying so;
-* TLS, authentication (any CBS token is accepted), transactions, rules, message
-  size quotas per entity.
+* TLS, authentication (any CBS token is accepted), transactions, rules, the
+  Premium tier's per-entity ``MaxMessageSizeInKilobytes`` (the Standard tier's
+  256 KB message limit and the 32 KB / 64 KB property-size quotas are enforced).
 
 Deviations worth knowing:
 

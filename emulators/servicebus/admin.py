@@ -11,9 +11,11 @@ emulator serves it on a second port (5300 by default); so does this one
   ``409`` if it exists; with ``If-Match`` (the SDK's ``update_queue``): update
   (``200``), ``404`` if missing. The properties the broker honours are applied
   (``LockDuration``, ``MaxDeliveryCount``, ``DefaultMessageTimeToLive``,
-  ``DeadLetteringOnMessageExpiration``, ``RequiresSession``); one it cannot honour
+  ``DeadLetteringOnMessageExpiration``, ``RequiresSession``, which, as on Service
+  Bus, only a create may set: an update changing it gets ``400``); one it cannot honour
   set to a value that matters (``RequiresDuplicateDetection: true``,
-  ``ForwardTo``...) is refused ``501``, naming it;
+  ``ForwardTo``...) is refused ``501``, naming it; ``MaxMessageSizeInKilobytes``
+  other than the Standard tier's 256 is refused ``400`` (a Premium-only property);
 * ``GET /{queue}``: the entry with runtime counts; a missing queue gives ``200``
   and an empty feed, as Service Bus does (the SDK raises ``ResourceNotFoundError``).
   The counts are the service's: ``ActiveMessageCount`` covers available, locked
@@ -63,6 +65,10 @@ XML_TYPE = "application/xml; charset=utf-8"
 #: TimeSpan.MaxValue, Service Bus' "never" for TTL and AutoDeleteOnIdle.
 NEVER = "P10675199DT2H48M5.4775807S"
 TOPICS_UNSUPPORTED = "Topics, subscriptions and rules are not supported by this emulator."
+#: The Standard tier's message size, in KB: the only MaxMessageSizeInKilobytes a
+#: Standard namespace has (the property "is only available when using a Premium
+#: namespace", CreateQueueOptions.MaxMessageSizeInKilobytes).
+STANDARD_MAX_MESSAGE_KB = 256
 #: How long an HTTP request waits for the container thread.
 REQUEST_TIMEOUT = 10.0
 
@@ -241,9 +247,10 @@ def handle(
             return _namespace(broker, base)
         if path.lower() == "$resources/queues" and method == "GET":
             return _list(broker, base, query)
-        if path.lower().startswith("$resources/") or "/" in path:
+        segments = path.casefold().split("/")
+        if path.lower().startswith("$resources/") or "subscriptions" in segments[1:]:
             return _error(501, TOPICS_UNSUPPORTED)
-        if not path or path.startswith("$"):
+        if not path or "$" in path:
             return _error(400, f"The entity path {path!r} is not valid.")
         if path.casefold() in broker.config.topics:
             return _error(501, TOPICS_UNSUPPORTED)
@@ -284,6 +291,14 @@ def _put(broker: Broker, base: str, name: str, request: AdminRequest) -> AdminRe
             409,
             f"SubCode=40900. Conflict. The messaging entity '{name}' already exists.",
         )
+    max_kb = description.get("MaxMessageSizeInKilobytes")
+    if max_kb is not None and max_kb != str(STANDARD_MAX_MESSAGE_KB):
+        return _error(
+            400,
+            f"SubCode=40000. MaxMessageSizeInKilobytes={max_kb} is only supported on Premium "
+            f"namespaces; this namespace is Standard (messages up to "
+            f"{STANDARD_MAX_MESSAGE_KB} KB).",
+        )
     base_properties = existing.properties if existing else broker.config.default_properties
     notes: list[str] = []
     try:
@@ -292,6 +307,14 @@ def _put(broker: Broker, base: str, name: str, request: AdminRequest) -> AdminRe
         return _error(400, str(exc))
     if properties.unsupported:
         return _error(501, "; ".join(n for n in notes if "not supported" in n))
+    if existing is not None and properties.requires_session != existing.properties.requires_session:
+        # "You can't enable or disable message sessions after the queue or subscription
+        # is created" (Microsoft Learn, Enable message sessions).
+        return _error(
+            400,
+            "SubCode=40000. The value for the RequiresSession property of an existing "
+            f"Queue cannot be changed. Entity: '{name}'.",
+        )
     for note in notes:
         _log.warning("admin: queue %r: %s", name, note)
     try:
@@ -440,7 +463,7 @@ def _queue_values(queue: Queue) -> list[tuple[str, Any]]:
         "EnablePartitioning": "false",
         "EntityAvailabilityStatus": "Available",
         "EnableExpress": "false",
-        "MaxMessageSizeInKilobytes": "256",
+        "MaxMessageSizeInKilobytes": str(STANDARD_MAX_MESSAGE_KB),
     }
     return [(tag, values[tag]) for tag in _QUEUE_FIELDS]
 

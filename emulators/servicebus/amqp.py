@@ -90,6 +90,7 @@ from .codec import (
     Section,
     inspect,
     ms_timestamp,
+    property_quota_error,
     render,
     service_decimals,
     split_sections,
@@ -522,7 +523,7 @@ class ServiceBusEmulator(Handler):
         message = entity.receive(now, lock=lock, owner=getattr_safe(link.connection, "sb_id"))
         if message is None:
             return False
-        payload = self._render(message, locked=lock)
+        payload = self._render(message, locked=lock, delivered=True)
         token = message.lock_token if lock and message.lock_token else uuid.uuid4()
         delivery = link.delivery(token.bytes_le)
         link.stream(payload)
@@ -535,7 +536,14 @@ class ServiceBusEmulator(Handler):
             delivery.settle()
         return True
 
-    def _render(self, message: StoredMessage, *, locked: bool, peek: bool = False) -> bytes:
+    def _render(
+        self,
+        message: StoredMessage,
+        *,
+        locked: bool,
+        peek: bool = False,
+        delivered: bool = False,
+    ) -> bytes:
         annotations: dict[str, Any] = {
             "x-opt-sequence-number": message.sequence_number,
             "x-opt-enqueued-time": ms_timestamp(message.enqueued_at),
@@ -546,16 +554,27 @@ class ServiceBusEmulator(Handler):
             # ServiceBusMessageState: 0 active, 1 deferred, 2 scheduled.
             annotations["x-opt-message-state"] = message.state.value
         sections: list[Section] = message.payload
+        # The time-to-live applied, min(message's, queue's DefaultMessageTimeToLive),
+        # is what the service shows on the message ("a larger value specified on the
+        # message will be overridden by the entity's DefaultMessageTimeToLive value",
+        # BrokeredMessage.TimeToLive).
+        ttl = message.time_to_live
+        ttl_ms = round(ttl * 1000) if ttl is not None else None
         return render(
             sections,
+            time_to_live_ms=ttl_ms,
             delivery_count=message.delivery_count,
             annotations=annotations,
             application_properties=message.dead_letter_properties or None,
             # Service Bus names the lock in the delivery annotations too (the SDK's
             # ServiceBusReceivedMessage.lock_token falls back to it).
+            # A delivery on a receive link always has the section: empty in
+            # ReceiveAndDelete, as the service sends it.
             delivery_annotations=(
                 {"x-opt-lock-token": message.lock_token}
                 if locked and message.lock_token is not None
+                else {}
+                if delivered
                 else None
             ),
         )
@@ -612,6 +631,11 @@ class ServiceBusEmulator(Handler):
             messages = [service_decimals(sections) for sections in unpack(payload)]
         except ValueError as exc:
             return Delivery.REJECTED, _condition("amqp:decode-error", str(exc))
+        for sections in messages:
+            quota = property_quota_error(sections)
+            if quota is not None:
+                # The service raises a SerializationException; nothing is enqueued.
+                return Delivery.REJECTED, _condition("amqp:link:message-size-exceeded", quota)
         now = self.clock()
         for sections in messages:
             self._enqueue(entity, sections, now)
@@ -793,6 +817,9 @@ class ServiceBusEmulator(Handler):
                     if raw is None:
                         raise _MgmtError(400, "com.microsoft:argument-error", "message missing")
                     sections = service_decimals(split_sections(bytes(raw)))
+                    quota = property_quota_error(sections)
+                    if quota is not None:
+                        raise _MgmtError(400, "amqp:link:message-size-exceeded", quota)
                     seqs.append(self._enqueue(entity, sections, now).sequence_number)
                 self._pump_entity(entity)
                 return {"sequence-numbers": _array(Data.LONG, seqs)}
@@ -802,6 +829,8 @@ class ServiceBusEmulator(Handler):
         except LockLost as exc:
             raise _MgmtError(410, LOCK_LOST, LOCK_LOST_TEXT) from exc
         except MessageNotFound as exc:
+            # An expired deferred message may just have been dead-lettered.
+            self._pump_entity(entity.queue.dead_letter)
             raise _MgmtError(404, "com.microsoft:message-not-found", str(exc)) from exc
         except (ValueError, TypeError) as exc:
             raise _MgmtError(400, "com.microsoft:argument-error", str(exc)) from exc

@@ -19,7 +19,8 @@ Emulated (as documented for Azure Service Bus queues):
     * time-to-live: min(message TTL, queue DefaultMessageTimeToLive); an expired
       message is dropped or, with DeadLetteringOnMessageExpiration, dead-lettered
       with ``TTLExpiredException``; a locked message does not expire until its lock
-      ends; dead-lettered messages never expire;
+      ends; a deferred one only when it is received by sequence number;
+      dead-lettered messages never expire;
     * any use of a lost or expired lock raises :class:`LockLost`;
     * a lock taken by a receive link belongs to that link's connection: once the
       connection is gone (:meth:`Broker.drop_connection_locks`), the lock can no
@@ -33,7 +34,8 @@ expiries), which is what Service Bus puts in the AMQP header on the wire; SDKs t
 show a 1-based count add one on receive.
 
 Not emulated: sessions, topics/subscriptions, duplicate detection, auto-forwarding,
-partitioning, size quotas, transactions.
+partitioning, entity size quotas (the message and property quotas are the AMQP
+layer's), transactions.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import datetime
 import heapq
 import itertools
 import logging
+import re
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -67,6 +70,29 @@ _log = logging.getLogger("leasekit.emulators.servicebus")
 DEAD_LETTER_SUFFIX = "$deadletterqueue"
 MAX_DELIVERY_REASON = "MaxDeliveryCountExceeded"
 TTL_EXPIRED_REASON = "TTLExpiredException"
+#: Longest entity path (QueueProperties.Name: "Max length is 260 chars").
+MAX_ENTITY_NAME = 260
+#: One path segment: letters, digits, periods, hyphens and underscores, starting and
+#: ending with a letter or digit (the service's 400: "Entity segments can contain only
+#: letters, numbers, periods (.), hyphens (-), and underscores (_)").
+_SEGMENT = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
+
+
+def entity_name_error(name: str) -> str | None:
+    """Why ``name`` is not a valid queue name, or ``None`` if it is.
+
+    A name is ``/``-separated segments (a queue may be ``app/orders/v1``), at most
+    260 characters, each segment following :data:`_SEGMENT`.
+    """
+    if not name or len(name) > MAX_ENTITY_NAME:
+        return f"The entity name {name!r} must be 1 to {MAX_ENTITY_NAME} characters long."
+    if not all(_SEGMENT.fullmatch(segment) for segment in name.split("/")):
+        return (
+            f"The entity name {name!r} is not valid. Entity segments can contain only "
+            "letters, numbers, periods (.), hyphens (-), and underscores (_), and must "
+            "start and end with a letter or number."
+        )
+    return None
 
 
 class EntityNotFound(LookupError):
@@ -120,6 +146,9 @@ class StoredMessage:
     #: The owning connection is gone: the lock cannot settle the message any more.
     lock_dropped: bool = False
     dead_letter_properties: dict[str, str] = field(default_factory=dict)
+    #: The time-to-live applied (seconds), min(message's, queue's); kept when the
+    #: message is dead-lettered (where it no longer expires).
+    time_to_live: float | None = None
 
 
 class SubQueue:
@@ -189,7 +218,8 @@ class SubQueue:
             default_ttl = self.queue.properties.default_ttl
             effective = [t for t in (ttl, default_ttl) if t is not None and t > 0]
             if effective:
-                message.expires_at = visible_at + min(effective)
+                message.time_to_live = min(effective)
+                message.expires_at = visible_at + message.time_to_live
         if visible_at > now:
             message.state = MessageState.SCHEDULED
             heapq.heappush(self._time_heap, (visible_at, message.sequence_number))
@@ -244,6 +274,10 @@ class SubQueue:
                 message.expires_at is not None
                 and message.expires_at <= now
                 and message.lock_token is None
+                # "Deferred messages aren't expired and automatically moved to a
+                # dead-letter queue until a client app attempts to receive them"
+                # (Microsoft Learn, Message deferral): see receive_deferred.
+                and message.state is not MessageState.DEFERRED
             ):
                 self._expire_message(message)
                 changed = True
@@ -509,18 +543,33 @@ class SubQueue:
     ) -> list[StoredMessage]:
         """Receive deferred messages by sequence number.
 
+        A deferred message is checked for expiry only here, as Service Bus does
+        ("When a client tries to retrieve a deferred message, it's checked for
+        expired condition and moved to a dead-letter queue if it's already
+        expired", Microsoft Learn, Message deferral): an expired one is
+        dead-lettered (or dropped, without DeadLetteringOnMessageExpiration) and
+        not found.
+
         Raises:
-            MessageNotFound: a number does not name a deferred message here.
+            MessageNotFound: a number does not name a deferred message here (or
+                it had expired).
         """
         self.expire(now)
         found: list[StoredMessage] = []
+        missing: list[str] = []
         for seq in sequence_numbers:
             message = self._messages.get(seq)
             if message is None or message.state is not MessageState.DEFERRED:
-                raise MessageNotFound(f"deferred message {seq} not found in {self.path}")
-            if message.lock_token is not None and message.locked_until is not None:
-                raise MessageNotFound(f"deferred message {seq} is locked")
-            found.append(message)
+                missing.append(f"deferred message {seq} not found in {self.path}")
+            elif message.lock_token is not None and message.locked_until is not None:
+                missing.append(f"deferred message {seq} is locked")
+            elif message.expires_at is not None and message.expires_at <= now:
+                self._expire_message(message)
+                missing.append(f"deferred message {seq} had expired")
+            else:
+                found.append(message)
+        if missing:
+            raise MessageNotFound("; ".join(missing))
         for message in found:
             if lock:
                 self._lock(message, now)
@@ -602,11 +651,12 @@ class Broker:
             The queue.
 
         Raises:
-            ValueError: the name is empty or contains ``$`` or ``/`` segments the
-                emulator reserves.
+            ValueError: the name breaks Service Bus' entity-name rules
+                (:func:`entity_name_error`).
         """
-        if not name or "$" in name or name.startswith("/") or name.endswith("/"):
-            raise ValueError(f"invalid queue name: {name!r}")
+        error = entity_name_error(name)
+        if error is not None:
+            raise ValueError(error)
         key = name.casefold()
         queue = self._queues.get(key)
         props = properties or self.config.default_properties
@@ -642,7 +692,7 @@ class Broker:
         queue = self._queues.get(name.casefold())
         if queue is not None:
             return queue
-        if create and self.config.may_auto_create(name) and "$" not in name and name:
+        if create and self.config.may_auto_create(name) and entity_name_error(name) is None:
             # Service Bus would answer MessagingEntityNotFound: say loudly that this
             # name (a typo, a topic?) became a queue.
             _log.warning("AutoCreateQueues: created queue %r on first use", name)
@@ -652,15 +702,19 @@ class Broker:
     def entity(self, path: str, *, create: bool = True) -> SubQueue:
         """Resolve ``<queue>`` or ``<queue>/$deadletterqueue`` to a sub-queue.
 
+        A queue name may itself hold ``/`` (``app/orders``); only a last segment
+        ``$deadletterqueue`` names a sub-queue.
+
         Raises:
             EntityNotFound: no such entity.
         """
-        parts = path.strip("/").split("/")
-        if len(parts) == 2 and parts[1].casefold() == DEAD_LETTER_SUFFIX:
-            return self.queue(parts[0], create=create).dead_letter
-        if len(parts) == 1:
-            return self.queue(parts[0], create=create).active
-        raise EntityNotFound(path)
+        name = path.strip("/")
+        queue_name, _, last = name.rpartition("/")
+        if queue_name and last.casefold() == DEAD_LETTER_SUFFIX:
+            return self.queue(queue_name, create=create).dead_letter
+        if "$" in name:
+            raise EntityNotFound(path)
+        return self.queue(name, create=create).active
 
     def drop_connection_locks(self, owner: int) -> int:
         """Connection ``owner`` is gone: its receive links' locks can no longer settle.

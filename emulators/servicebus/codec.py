@@ -42,6 +42,7 @@ __all__ = [
     "Section",
     "encode_section",
     "inspect",
+    "property_quota_error",
     "render",
     "service_decimals",
     "split_sections",
@@ -260,6 +261,7 @@ def render(
     annotations: dict[str, Any],
     application_properties: dict[str, Any] | None = None,
     delivery_annotations: dict[str, Any] | None = None,
+    time_to_live_ms: int | None = None,
 ) -> bytes:
     """Encode a message for delivery with broker-owned fields set.
 
@@ -273,7 +275,10 @@ def render(
         annotations: message annotations to set (symbol keys are made from the names);
             ``timestamp`` values must already be :class:`proton.timestamp`.
         application_properties: application properties to add or replace.
-        delivery_annotations: delivery annotations to add or replace.
+        delivery_annotations: delivery annotations to add or replace; ``{}``
+            writes the section even when there is nothing in it.
+        time_to_live_ms: the header's ttl to set (the time-to-live the broker
+            applies, capped to an AMQP ``uint``); ``None`` keeps the sender's.
 
     Returns:
         The encoded message.
@@ -296,9 +301,11 @@ def render(
         old = list(by_code[HEADER].value() or [])
         header[: len(old)] = old[:5]
     header[4] = uint(delivery_count)
+    if time_to_live_ms is not None:
+        header[2] = uint(min(max(time_to_live_ms, 0), 2**32 - 1))
     out = [encode_section(HEADER, header)]
 
-    if delivery_annotations:
+    if delivery_annotations is not None:
         delivered: dict[Any, Any] = {}
         if DELIVERY_ANNOTATIONS in by_code:
             delivered.update(by_code[DELIVERY_ANNOTATIONS].value() or {})
@@ -445,3 +452,41 @@ def _decode_decimal(value: Any, name: str) -> tuple[bool, int, int]:
         raw[1] &= 0x7F
     raw[0] = 0
     return negative, int.from_bytes(raw, "big"), exponent - 101
+
+
+#: Service Bus quotas, "Message property size": each property at most 32 KB, and
+#: "Cumulative size of all properties can't exceed 64 KB. This limit applies to the
+#: entire header of the brokered message, which has both user properties and system
+#: properties, such as sequence number, label, and message ID."
+MAX_PROPERTY_SIZE = 32 * 1024
+MAX_HEADER_SIZE = 64 * 1024
+
+
+def property_quota_error(sections: list[Section]) -> str | None:
+    """Why a message breaks the property-size quotas, or ``None`` if it does not.
+
+    Each application property (name and value, as encoded) must fit in 32 KB; the
+    properties, application properties and message annotations together in 64 KB.
+    """
+    header = 0
+    for section in sections:
+        if section.code not in (MESSAGE_ANNOTATIONS, PROPERTIES, APPLICATION_PROPERTIES):
+            continue
+        header += len(section.raw)
+        if section.code == APPLICATION_PROPERTIES:
+            for key, value in (section.value() or {}).items():
+                data = Data()
+                data.put_object(key)
+                data.put_object(value)
+                size = len(data.encode())
+                if size > MAX_PROPERTY_SIZE:
+                    return (
+                        f"The application property {str(key)!r} is {size} bytes; the maximum "
+                        "message property size for each property is 32 KB."
+                    )
+    if header > MAX_HEADER_SIZE:
+        return (
+            f"The message's properties are {header} bytes; their cumulative size can't "
+            "exceed 64 KB."
+        )
+    return None

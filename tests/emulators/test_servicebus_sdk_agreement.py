@@ -633,3 +633,214 @@ def test_a_scheduled_message_is_enqueued_when_due_behind_what_was_sent_before(
     assert got[1].sequence_number > got[0].sequence_number > peeked.sequence_number
     if how == "schedule_messages":
         assert peeked.sequence_number == scheduled_number
+
+
+# -- 10. issue 22 item 8: the remaining divergences --------------------------------------------
+
+
+def test_queue_paths_with_slashes_are_queues_and_entity_names_follow_the_rules(
+    client: ServiceBusClient, servicebus_server: Any
+) -> None:
+    """A queue name may hold ``/`` (path segments); names out of the rules are refused.
+
+    Microsoft Learn, QueueProperties.Name (Azure.Messaging.ServiceBus.Administration):
+    "Max length is 260 chars. Cannot start or end with a slash."; the service's 400
+    answer: "Entity segments can contain only letters, numbers, periods (.), hyphens
+    (-), and underscores (_)", each starting and ending with a letter or number.
+    """
+    from azure.core.exceptions import HttpResponseError
+
+    queue = f"{servicebus_server.queue_name()}/orders/v1.2_x"
+    servicebus_server.create_queue(queue, max_delivery_count=1)
+    send(client, queue, ServiceBusMessage(b"pathed"))
+    with client.get_queue_receiver(queue, keep_alive=0) as receiver:
+        [message] = receive_until(receiver, 1)
+        assert body(message) == b"pathed"
+        receiver.abandon_message(message)  # MaxDeliveryCount 1: to the dead-letter queue
+    with client.get_queue_receiver(
+        queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER, keep_alive=0
+    ) as dlq:
+        [dead] = receive_until(dlq, 1)
+        assert body(dead) == b"pathed"
+        dlq.complete_message(dead)
+    with servicebus_server.admin_client() as admin:
+        assert admin.get_queue(queue).name == queue
+        assert queue in [q.name for q in admin.list_queues()]
+    for bad in ("-starts-with-hyphen", "ends.with.period.", "has space", "a+b", "a//b", "x" * 261):
+        with pytest.raises(HttpResponseError) as info:
+            servicebus_server.create_queue(bad)
+        assert info.value.status_code == 400, bad
+    servicebus_server.create_queue("q" + "x" * 259)  # 260 characters: allowed
+
+
+def test_requires_session_cannot_change_on_an_existing_queue(servicebus_server: Any) -> None:
+    """RequiresSession is fixed at creation; an update that changes it is refused.
+
+    Microsoft Learn, "Enable message sessions for an Azure Service Bus queue or a
+    subscription": "You can't enable or disable message sessions after the queue or
+    subscription is created. You can only do so at the time of creating the queue or
+    subscription."
+    """
+    from azure.core.exceptions import HttpResponseError
+
+    queue = servicebus_server.create_queue(max_delivery_count=3)
+    with servicebus_server.admin_client() as admin:
+        properties = admin.get_queue(queue)
+        properties.requires_session = True
+        with pytest.raises(HttpResponseError) as info:
+            admin.update_queue(properties)
+        assert info.value.status_code == 400
+        assert "RequiresSession" in str(info.value)
+        assert admin.get_queue(queue).requires_session is False
+        properties = admin.get_queue(queue)  # other properties still update
+        properties.max_delivery_count = 5
+        admin.update_queue(properties)
+        assert admin.get_queue(queue).max_delivery_count == 5
+
+
+def test_an_expired_deferred_message_is_dead_lettered_only_when_asked_for(
+    client: ServiceBusClient, servicebus_server: Any
+) -> None:
+    """A deferred message past its TTL stays until it is received by sequence number.
+
+    Microsoft Learn, "Message deferral": "Deferred messages aren't expired and
+    automatically moved to a dead-letter queue until a client app attempts to receive
+    them using an API and the sequence number. This behavior is by design. When a
+    client tries to retrieve a deferred message, it's checked for expired condition and
+    moved to a dead-letter queue if it's already expired. An expired message is moved
+    to a deadletter subqueue only when the dead-letter feature is enabled".
+    """
+    queue = servicebus_server.create_queue(
+        default_message_time_to_live=2, dead_lettering_on_message_expiration=True
+    )
+    send(client, queue, ServiceBusMessage(b"later"))
+    sent = time.monotonic()
+    with client.get_queue_receiver(queue, keep_alive=0) as receiver:
+        [message] = receive_until(receiver, 1)
+        receiver.defer_message(message)
+        while time.monotonic() < sent + 2.5:
+            time.sleep(0.05)
+        with client.get_queue_receiver(
+            queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER, prefetch_count=1, keep_alive=0
+        ) as dlq:
+            assert dlq.peek_messages(5, sequence_number=1) == []
+        [still] = receiver.peek_messages(5, sequence_number=1)
+        assert still.state == ServiceBusMessageState.DEFERRED
+        with pytest.raises(ServiceBusError):
+            receiver.receive_deferred_messages([message.sequence_number])
+        assert receiver.peek_messages(5, sequence_number=1) == []
+    with client.get_queue_receiver(
+        queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER, keep_alive=0
+    ) as dlq:
+        [dead] = receive_until(dlq, 1)
+        assert body(dead) == b"later"
+        assert dead.dead_letter_reason == "TTLExpiredException"
+        dlq.complete_message(dead)
+
+
+def test_the_queues_ttl_ceiling_shows_on_the_received_message(
+    client: ServiceBusClient, servicebus_server: Any
+) -> None:
+    """A message's time-to-live is capped by the queue's, and received as capped.
+
+    Microsoft Learn, BrokeredMessage.TimeToLive: "TimeToLive is the maximum lifetime
+    that a message can receive, but its value cannot exceed the entity specified the
+    DefaultMessageTimeToLive value on the destination queue or subscription. If a
+    lower TimeToLive value is specified, it will be applied to the individual message.
+    However, a larger value specified on the message will be overridden by the
+    entity's DefaultMessageTimeToLive value." (and "Message expiration (Time to Live)":
+    the entity's value is used when the message sets none).
+    """
+    queue = servicebus_server.create_queue(default_message_time_to_live=30)
+    send(
+        client,
+        queue,
+        ServiceBusMessage(b"longer", time_to_live=datetime.timedelta(seconds=60)),
+        ServiceBusMessage(b"shorter", time_to_live=datetime.timedelta(seconds=10)),
+        ServiceBusMessage(b"unset"),
+    )
+    with client.get_queue_receiver(
+        queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE, keep_alive=0
+    ) as receiver:
+        got = receive_until(receiver, 3)
+    ttls = {body(m): m.time_to_live for m in got}
+    assert ttls == {
+        b"longer": datetime.timedelta(seconds=30),
+        b"shorter": datetime.timedelta(seconds=10),
+        b"unset": datetime.timedelta(seconds=30),
+    }
+    for message in got:
+        assert message.expires_at_utc == message.enqueued_time_utc + message.time_to_live
+
+
+def test_receive_and_delete_deliveries_carry_an_empty_delivery_annotations_section(
+    client: ServiceBusClient, servicebus_server: Any
+) -> None:
+    """A ReceiveAndDelete delivery has delivery annotations, empty without a lock.
+
+    The service writes the delivery-annotations section on every message it delivers
+    on a receive link (in PeekLock it holds ``x-opt-lock-token``, see section 7); in
+    ReceiveAndDelete there is no lock to name, and the section comes empty, so the SDK
+    shows ``{}``, not ``None``.
+    """
+    queue = servicebus_server.create_queue()
+    send(client, queue, ServiceBusMessage(b"x"))
+    with client.get_queue_receiver(
+        queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE, keep_alive=0
+    ) as receiver:
+        [message] = receive_until(receiver, 1)
+    assert message.raw_amqp_message.delivery_annotations == {}
+
+
+@pytest.mark.parametrize(
+    ("properties", "match"),
+    [
+        ({"big": "x" * (33 * 1024)}, "32 KB"),
+        ({f"p{i}": "x" * (20 * 1024) for i in range(4)}, "64 KB"),
+    ],
+)
+def test_application_property_size_quotas_are_enforced_on_send(
+    client: ServiceBusClient, servicebus_server: Any, properties: dict[str, str], match: str
+) -> None:
+    """Application properties over Service Bus' property quotas are refused.
+
+    Microsoft Learn, "Service Bus quotas", Message property size for a queue, topic, or
+    subscription entity: "Maximum message property size for each property is 32 KB.
+    Cumulative size of all properties can't exceed 64 KB. This limit applies to the
+    entire header of the brokered message, which has both user properties and system
+    properties, such as sequence number, label, and message ID."
+    """
+    queue = servicebus_server.create_queue()
+    with pytest.raises(ServiceBusError, match=match):
+        send(client, queue, ServiceBusMessage(b"x", application_properties=properties))
+    send(client, queue, ServiceBusMessage(b"ok", application_properties={"small": "y" * 1024}))
+    with client.get_queue_receiver(queue, prefetch_count=1, keep_alive=0) as receiver:
+        assert [body(m) for m in receiver.peek_messages(5, sequence_number=1)] == [b"ok"]
+
+
+def test_max_message_size_in_kilobytes_is_the_standard_tiers_256_kb(
+    client: ServiceBusClient, servicebus_server: Any
+) -> None:
+    """The emulated namespace is Standard: messages up to 256 KB, no other size quota.
+
+    Microsoft Learn, CreateQueueOptions.MaxMessageSizeInKilobytes: "This feature is only
+    available when using a Premium namespace and service version "2021-05" or higher";
+    "Service Bus quotas": message size 256 KB on the Standard tier. The SDK's own live
+    test (test_mgmt_topics, standard namespace) expects ``HttpResponseError`` from a
+    create with ``max_message_size_in_kilobytes=1024`` ("basic/standard tiers does not
+    support").
+    """
+    from azure.core.exceptions import HttpResponseError
+
+    with pytest.raises(HttpResponseError) as info:
+        servicebus_server.create_queue(max_message_size_in_kilobytes=1024)
+    assert info.value.status_code == 400
+    assert "MaxMessageSizeInKilobytes" in str(info.value)
+    queue = servicebus_server.create_queue(max_message_size_in_kilobytes=256)
+    with servicebus_server.admin_client() as admin:
+        properties = admin.get_queue(queue)
+        assert properties.max_message_size_in_kilobytes == 256
+        admin.update_queue(properties)  # the value it reports goes back unchanged
+    with pytest.raises(ServiceBusError):
+        send(client, queue, ServiceBusMessage(b"x" * (257 * 1024)))
+    send(client, queue, ServiceBusMessage(b"x" * (200 * 1024)))
