@@ -65,12 +65,9 @@ class CheckpointSuite:
             harness.cleanup(queue)
 
     @pytest.fixture
-    def cp_long(self, cq: Queue) -> float:
+    def cp_long(self, harness: Harness, cq: Queue) -> float:
         """A lease long enough to outlast any step of a test."""
-        caps = cq.capabilities
-        if caps.fixed_lease is not None:
-            return caps.fixed_lease
-        return min(max(caps.min_lease, 60.0), caps.max_lease)
+        return harness.long_lease(cq)
 
     @_checkpoint_property
     def test_checkpoint_reaches_the_next_holder_and_leaves_the_message_unchanged(

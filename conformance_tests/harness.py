@@ -74,6 +74,13 @@ class Harness:
         # on a loaded 2-core machine; network backends use their minimum.
         return max(caps.min_lease, 0.25)
 
+    def long_lease(self, queue: Queue) -> float:
+        """A lease long enough to outlast any single test step: 60 s within the backend's range."""
+        caps = queue.capabilities
+        if caps.fixed_lease is not None:
+            return caps.fixed_lease
+        return caps.clamp_lease(60.0)
+
     def close(self) -> None:
         """Close every queue still open."""
         with self._lock:

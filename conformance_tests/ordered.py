@@ -27,7 +27,7 @@ does); rule 1 is about the receives after it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import pytest
@@ -35,7 +35,8 @@ import pytest
 from leasekit import InvalidArgument, Lease, UnsupportedOperation
 from leasekit.queue import Queue
 
-from .harness import CountingDriver, Harness
+from .fixtures import QueueFixtures
+from .harness import CountingDriver
 
 __all__ = ["OrderedSuite"]
 
@@ -77,30 +78,8 @@ def _drain_in_order(queue: Queue, count: int, duration: float) -> list[bytes]:
     return seen
 
 
-class OrderedSuite:
+class OrderedSuite(QueueFixtures):
     """Conformance checks for ordered groups; a subclass supplies a ``harness`` fixture."""
-
-    @pytest.fixture
-    def queue(self, harness: Harness) -> Iterator[Queue]:
-        """A fresh, empty queue, deleted after the test."""
-        queue = harness.make_queue()
-        try:
-            yield queue
-        finally:
-            harness.cleanup(queue)
-
-    @pytest.fixture
-    def short(self, harness: Harness, queue: Queue) -> float:
-        """The shortest lease for expiry tests."""
-        return harness.short_lease(queue)
-
-    @pytest.fixture
-    def long(self, queue: Queue) -> float:
-        """A lease long enough to outlast any single test step."""
-        caps = queue.capabilities
-        if caps.fixed_lease is not None:
-            return caps.fixed_lease
-        return min(max(caps.min_lease, 60.0), caps.max_lease)
 
     # ------------------------------------------------------------- the rules
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import pytest
@@ -154,30 +154,6 @@ class ConformanceSuite(CheckpointSuite, OrderedSuite):
     The checkpoint section (:class:`~leasekit.conformance.CheckpointSuite`) and the
     *ordered* section (:class:`~leasekit.conformance.OrderedSuite`) come with it.
     """
-
-    # ------------------------------------------------------------- fixtures
-
-    @pytest.fixture
-    def queue(self, harness: Harness) -> Iterator[Queue]:
-        """A fresh, empty queue, deleted after the test."""
-        queue = harness.make_queue()
-        try:
-            yield queue
-        finally:
-            harness.cleanup(queue)
-
-    @pytest.fixture
-    def short(self, harness: Harness, queue: Queue) -> float:
-        """The shortest lease for expiry tests."""
-        return harness.short_lease(queue)
-
-    @pytest.fixture
-    def long(self, queue: Queue) -> float:
-        """A lease long enough to outlast any single test step."""
-        caps = queue.capabilities
-        if caps.fixed_lease is not None:
-            return caps.fixed_lease
-        return min(max(caps.min_lease, 60.0), caps.max_lease)
 
     # ----------------------------------------------------------- invisibility
 
