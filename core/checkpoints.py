@@ -35,10 +35,11 @@ checkpoints.generation <= EXCLUDED.generation``, ``rowcount`` 1 when written).
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 import time
 from typing import Protocol, runtime_checkable
+
+from .sqlite_store import SqliteRecords
 
 __all__ = ["CheckpointStore", "MemoryCheckpointStore", "SqliteCheckpointStore"]
 
@@ -113,7 +114,7 @@ _SAVE = (
 )
 
 
-class SqliteCheckpointStore:
+class SqliteCheckpointStore(SqliteRecords):
     """A durable store in a SQLite file, shared safely by several processes on one machine.
 
     Parameters:
@@ -124,34 +125,22 @@ class SqliteCheckpointStore:
             forever. Keep it longer than a message can live in its queue.
     """
 
+    TABLE = "leasekit_checkpoints"
+    SCHEMA = (
+        "CREATE TABLE IF NOT EXISTS leasekit_checkpoints ("
+        "namespace TEXT NOT NULL, id TEXT NOT NULL, generation INTEGER NOT NULL, "
+        "data BLOB NOT NULL, saved_at REAL NOT NULL, "
+        "PRIMARY KEY (namespace, id)) WITHOUT ROWID"
+    )
+    WRITTEN_AT = "saved_at"
+
     def __init__(
         self, path: str, *, namespace: str = "", retention: float | None = 14 * 24 * 3600.0
     ) -> None:
-        self.path = path
-        self.namespace = namespace
-        self.retention = retention
-        self._lock = threading.Lock()
-        self._conn: sqlite3.Connection | None = None
-        self._last_purge = 0.0
+        super().__init__(path, namespace=namespace, retention=retention)
 
     def __repr__(self) -> str:
         return f"<SqliteCheckpointStore {self.path!r} namespace={self.namespace!r}>"
-
-    def _db(self) -> sqlite3.Connection:
-        if self._conn is None:
-            conn = sqlite3.connect(
-                self.path, timeout=30, isolation_level=None, check_same_thread=False
-            )
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS leasekit_checkpoints ("
-                "namespace TEXT NOT NULL, id TEXT NOT NULL, generation INTEGER NOT NULL, "
-                "data BLOB NOT NULL, saved_at REAL NOT NULL, "
-                "PRIMARY KEY (namespace, id)) WITHOUT ROWID"
-            )
-            self._conn = conn
-        return self._conn
 
     def load(self, message_id: str) -> bytes | None:
         """The last checkpoint of ``message_id`` (in this namespace)."""
@@ -173,12 +162,7 @@ class SqliteCheckpointStore:
             db = self._db()
             cursor = db.execute(_SAVE, (self.namespace, message_id, generation, bytes(data), now))
             written = cursor.rowcount == 1
-            if self.retention is not None and now - self._last_purge > 60:
-                self._last_purge = now
-                db.execute(
-                    "DELETE FROM leasekit_checkpoints WHERE namespace = ? AND saved_at < ?",
-                    (self.namespace, now - self.retention),
-                )
+            self._purge(db, now)
         return written
 
     def discard(self, message_id: str) -> None:
@@ -188,23 +172,3 @@ class SqliteCheckpointStore:
                 "DELETE FROM leasekit_checkpoints WHERE namespace = ? AND id = ?",
                 (self.namespace, message_id),
             )
-
-    def count(self) -> int:
-        """How many checkpoints are kept in this namespace."""
-        with self._lock:
-            (n,) = (
-                self._db()
-                .execute(
-                    "SELECT count(*) FROM leasekit_checkpoints WHERE namespace = ?",
-                    (self.namespace,),
-                )
-                .fetchone()
-            )
-        return int(n)
-
-    def close(self) -> None:
-        """Close the connection."""
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None

@@ -21,11 +21,12 @@ one queue, so a store shared by several queues should be given a ``namespace``.
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 import time
 from collections import OrderedDict
 from typing import Protocol, runtime_checkable
+
+from .sqlite_store import SqliteRecords
 
 __all__ = ["IdempotencyStore", "MemoryIdempotencyStore", "SqliteIdempotencyStore"]
 
@@ -83,7 +84,7 @@ class MemoryIdempotencyStore:
         return len(self._ids)
 
 
-class SqliteIdempotencyStore:
+class SqliteIdempotencyStore(SqliteRecords):
     """A durable store in a SQLite file, shared safely by several processes.
 
     Parameters:
@@ -93,30 +94,18 @@ class SqliteIdempotencyStore:
             Keep it longer than the longest time a message can be redelivered.
     """
 
+    TABLE = "leasekit_processed"
+    SCHEMA = (
+        "CREATE TABLE IF NOT EXISTS leasekit_processed ("
+        "namespace TEXT NOT NULL, id TEXT NOT NULL, processed_at REAL NOT NULL, "
+        "PRIMARY KEY (namespace, id)) WITHOUT ROWID"
+    )
+    WRITTEN_AT = "processed_at"
+
     def __init__(
         self, path: str, *, namespace: str = "", retention: float | None = 7 * 24 * 3600.0
     ) -> None:
-        self.path = path
-        self.namespace = namespace
-        self.retention = retention
-        self._lock = threading.Lock()
-        self._conn: sqlite3.Connection | None = None
-        self._last_purge = 0.0
-
-    def _db(self) -> sqlite3.Connection:
-        if self._conn is None:
-            conn = sqlite3.connect(
-                self.path, timeout=30, isolation_level=None, check_same_thread=False
-            )
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS leasekit_processed ("
-                "namespace TEXT NOT NULL, id TEXT NOT NULL, processed_at REAL NOT NULL, "
-                "PRIMARY KEY (namespace, id)) WITHOUT ROWID"
-            )
-            self._conn = conn
-        return self._conn
+        super().__init__(path, namespace=namespace, retention=retention)
 
     def seen(self, message_id: str) -> bool:
         """Whether ``message_id`` was recorded (in this namespace)."""
@@ -141,29 +130,4 @@ class SqliteIdempotencyStore:
                 "VALUES (?, ?, ?)",
                 (self.namespace, message_id, now),
             )
-            if self.retention is not None and now - self._last_purge > 60:
-                self._last_purge = now
-                db.execute(
-                    "DELETE FROM leasekit_processed WHERE namespace = ? AND processed_at < ?",
-                    (self.namespace, now - self.retention),
-                )
-
-    def count(self) -> int:
-        """How many ids are recorded in this namespace."""
-        with self._lock:
-            (n,) = (
-                self._db()
-                .execute(
-                    "SELECT count(*) FROM leasekit_processed WHERE namespace = ?",
-                    (self.namespace,),
-                )
-                .fetchone()
-            )
-            return int(n)
-
-    def close(self) -> None:
-        """Close the connection."""
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+            self._purge(db, now)
