@@ -51,6 +51,7 @@ import secrets
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any, TypeVar
 
 from leasekit import dead_letters as marks
@@ -287,6 +288,8 @@ class SqliteDriver(Driver):
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.Lock()
         self._last_purge = 0.0
+        #: The last receive found as many messages as it asked for.
+        self._busy = False
         self._pid = os.getpid()
         self.capabilities = CAPABILITIES.replace(max_message_size=size)
 
@@ -380,23 +383,26 @@ class SqliteDriver(Driver):
             now = self._clock.time()
             if now - self._last_purge >= PURGE_EVERY:
                 self._purge(conn, now)
-            # Look without the write lock first, so idle pollers do not block writers.
-            ready = conn.execute(
-                "SELECT 1 FROM leasekit_messages WHERE queue = ? AND visible_at <= ? LIMIT 1",
-                (self.queue, now),
-            ).fetchone()
-            if ready is None:
-                self._exists(conn)
-                return []
+            # Look without the write lock first, so idle pollers do not block writers
+            # (not after a receive that found a full batch: the queue is busy then).
+            if not self._busy:
+                ready = conn.execute(
+                    "SELECT 1 FROM leasekit_messages WHERE queue = ? AND visible_at <= ? LIMIT 1",
+                    (self.queue, now),
+                ).fetchone()
+                if ready is None:
+                    self._exists(conn)
+                    return []
             with self._write(conn):
-                self._exists(conn)
                 picked = [
                     seq
                     for (seq,) in conn.execute(
                         _PICK, {"queue": self.queue, "now": now, "limit": max_messages}
                     )
                 ]
-                if not picked:
+                self._busy = len(picked) >= max_messages
+                if not picked:  # (a queue with messages exists: no need to look before)
+                    self._exists(conn)
                     return []
                 rows = conn.execute(
                     _RECEIVE.format(", ".join("?" * len(picked))), (now + visibility, *picked)
@@ -405,13 +411,16 @@ class SqliteDriver(Driver):
         position = {seq: i for i, seq in enumerate(picked)}
         rows.sort(key=lambda r: position[r[0]])
         until = to_datetime(now + visibility)
+        # Messages sent together share their send time: one datetime each time.
+        stamps: dict[float, datetime] = {}
         return [
             RawMessage(
                 id=message_id,
                 body=body,
                 receipt=receipt,
                 delivery_count=count,
-                enqueued_at=to_datetime(enqueued_at),
+                enqueued_at=stamps.get(enqueued_at)
+                or stamps.setdefault(enqueued_at, to_datetime(enqueued_at)),
                 visible_until=until,
                 properties=json.loads(props) if props else {},
                 checkpoint=None if checkpoint is None else bytes(checkpoint),
@@ -433,11 +442,12 @@ class SqliteDriver(Driver):
     ) -> list[Visibility | BaseException]:
         """Hide each message for ``seconds`` from now, in one transaction."""
         until = self._clock.time() + seconds
+        expiry = to_datetime(until)
         return self._update(
             receipts,
-            f"UPDATE leasekit_messages SET visible_at = ? WHERE {_HELD}",
-            until,
-            lambda receipt: Visibility(receipt, to_datetime(until)),
+            "UPDATE leasekit_messages SET visible_at = ?",
+            (until,),
+            lambda receipt: Visibility(receipt, expiry),
         )
 
     def checkpoint(
@@ -484,56 +494,70 @@ class SqliteDriver(Driver):
         """
         return self._update(
             receipts,
-            f"UPDATE leasekit_messages SET visible_at = ?, receipt = NULL WHERE {_HELD}",
-            self._clock.time() + delay,
+            "UPDATE leasekit_messages SET visible_at = ?, receipt = NULL",
+            (self._clock.time() + delay,),
             lambda receipt: None,
         )
 
     def delete(self, receipts: Sequence[str]) -> list[BaseException | None]:
-        """Delete the leased messages in one transaction."""
-        results: list[BaseException | None] = []
-        with self._lock:
-            conn = self._connection()
-            now = self._clock.time()
-            with self._write(conn):
-                for receipt in receipts:
-                    cursor = conn.execute(
-                        f"DELETE FROM leasekit_messages WHERE {_HELD}",
-                        (_seq_of(receipt), receipt, self.queue, now),
-                    )
-                    if cursor.rowcount == 1:
-                        results.append(None)
-                    else:
-                        self._exists(conn)
-                        results.append(
-                            _lost(f"receipt {receipt!r} is stale or its message is gone")
-                        )
-        return results
+        """Delete the leased messages: one fenced statement, one transaction."""
+        return self._update(receipts, "DELETE FROM leasekit_messages", (), lambda receipt: None)
 
     def _update(
         self,
         receipts: Sequence[str],
         statement: str,
-        visible_at: float,
+        params: tuple[Any, ...],
         ok: Callable[[str], T],
     ) -> list[T | BaseException]:
-        """Run ``statement`` for each held receipt in one transaction; ``ok(receipt)`` each."""
-        results: list[T | BaseException] = []
+        """Run ``statement`` on every held receipt at once (one transaction); ``ok(receipt)`` each.
+
+        ``statement`` is an ``UPDATE … SET …`` or ``DELETE FROM`` without its
+        ``WHERE`` (``params`` are its own). The fence is the one statement's
+        ``WHERE``: the rows named, each with its receipt, of this queue, not
+        expired. A receipt embeds its row's ``seq`` and is unique, so while each
+        row is named once, ``seq IN`` plus ``receipt IN`` matches exactly the
+        (row, receipt) pairs given; a row named twice is asked for receipt by receipt.
+        """
+        if not receipts:
+            return []
+        marks = ", ".join("?" * len(receipts))
+        sql = (
+            # ``+queue``: look rows up by ``seq`` (the primary key), never scan the
+            # queue's index (the planner's choice otherwise, even for one row).
+            f"{statement} WHERE seq IN ({marks}) AND receipt IN ({marks}) AND +queue = ? "
+            "AND (expires_at IS NULL OR expires_at > ?) RETURNING seq"
+        )
+        seqs = [_seq_of(receipt) for receipt in receipts]
+        # Two receipts of one row (an old holder's and the current one): the row
+        # alone cannot tell which matched, so ask for each on its own.
+        each = len(set(seqs)) < len(seqs)
         with self._lock:
             conn = self._connection()
             now = self._clock.time()
             with self._write(conn):
-                for receipt in receipts:
-                    cursor = conn.execute(
-                        statement, (visible_at, _seq_of(receipt), receipt, self.queue, now)
-                    )
-                    if cursor.rowcount == 1:
-                        results.append(ok(receipt))
-                    else:
-                        self._exists(conn)
-                        results.append(
-                            _lost(f"receipt {receipt!r} is stale or its message is gone")
+                if each:
+                    one = sql.replace(marks, "?")
+                    done = [
+                        bool(conn.execute(one, (*params, seq, receipt, self.queue, now)).fetchall())
+                        for seq, receipt in zip(seqs, receipts, strict=True)
+                    ]
+                else:
+                    deleted = {
+                        seq
+                        for (seq,) in conn.execute(
+                            sql, (*params, *seqs, *receipts, self.queue, now)
                         )
+                    }
+                    done = [seq in deleted for seq in seqs]
+                if not all(done):
+                    self._exists(conn)
+        results: list[T | BaseException] = []
+        for matched, receipt in zip(done, receipts, strict=True):
+            if matched:
+                results.append(ok(receipt))
+            else:
+                results.append(_lost(f"receipt {receipt!r} is stale or its message is gone"))
         return results
 
     def dead_letter(self, receipt: str, reason: str, message: RawMessage) -> None:

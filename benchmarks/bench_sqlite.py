@@ -19,6 +19,14 @@ Contenders (each with its library's defaults, WAL journal in all three):
   ``synchronous=FULL``; acked rows stay in the table, marked acked). Run
   twice: as shipped, and with ``PRAGMA synchronous=NORMAL`` set on its
   (private) connection, to separate fsync cost from the rest.
+* ``plain sqlite3`` — the engine's limit: the same work written directly on
+  ``sqlite3`` (the backend's table shape and ready index, WAL,
+  ``synchronous=NORMAL``): one ``BEGIN IMMEDIATE`` transaction per batch that
+  picks the next ``--batch`` visible rows and ``UPDATE … RETURNING`` gives each a
+  fresh random receipt and a raised delivery count, then one transaction per
+  batch that ``DELETE``s each row fenced by its id and receipt (every delete
+  checked). No lease objects, no deadlines, no events: what any leased SQLite
+  queue has to ask of the database.
 * ``litequeue`` — ``LiteQueue``: ``put`` per message (autocommit), ``pop`` x100
   (one ``IMMEDIATE`` transaction each), ``done`` x100 inside one
   ``transaction()``; ``synchronous=NORMAL``; done rows stay in the table.
@@ -26,6 +34,15 @@ Contenders (each with its library's defaults, WAL journal in all three):
 Run (the numbers in docs/benchmarks/sqlite.md came from this command)::
 
     .venv/bin/python benchmarks/bench_sqlite.py --messages 20000 --batch 100 --repeat 3
+
+Against the engine's limit (issue 25; docs/benchmarks.md "Per-message cost")::
+
+    .venv/bin/python benchmarks/bench_sqlite.py --only leasekit --only plain \
+        --batch 10 --batch 100 --repeat 5 --memory 50000
+
+``--memory N`` also holds ``N`` leases (100-byte bodies) in a ``LeaseKeeper`` and
+reports the Python memory each costs (tracemalloc: the lease, its message, its
+record and its keeper entry; SQLite's own pages are not Python memory).
 
 Ratios are leasekit (batch complete) lease-phase msg/s divided by the peer's.
 """
@@ -47,7 +64,8 @@ from pathlib import Path
 
 import leasekit
 
-Runner = Callable[[Path, list[bytes], int], tuple[float, float]]
+#: (send seconds, lease+complete seconds, lease+complete CPU seconds of this process)
+Runner = Callable[[Path, list[bytes], int], tuple[float, float, float]]
 
 
 @dataclass
@@ -55,15 +73,25 @@ class Result:
     name: str
     send: list[float]
     lease: list[float]
+    cpu: list[float]
 
     def rate(self, phase: str, messages: int) -> float:
         times = self.send if phase == "send" else self.lease
         return messages / statistics.median(times)
 
+    def cpu_per_message(self, messages: int) -> float:
+        """Median CPU µs this process spent per message in the lease phase."""
+        return statistics.median(self.cpu) / messages * 1e6
+
+    def spread(self, messages: int) -> str:
+        """The slowest and fastest lease-phase rate, as text."""
+        rates = [messages / t for t in self.lease]
+        return f"{min(rates):,.0f}–{max(rates):,.0f}"
+
 
 def run_leasekit(
     directory: Path, bodies: list[bytes], batch: int, *, each: bool = False, sync: str = "NORMAL"
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
     queue = leasekit.open(
         "sqlite", path=str(directory / "lk.db"), queue="bench", create=True, synchronous=sync
     )
@@ -71,6 +99,7 @@ def run_leasekit(
         start = time.perf_counter()
         queue.send_many(bodies)
         sent = time.perf_counter()
+        cpu = time.process_time()
         done = 0
         while leases := queue.lease(batch, duration=60):
             if each:
@@ -81,13 +110,114 @@ def run_leasekit(
                 assert not any(results), results
             done += len(leases)
         end = time.perf_counter()
+        cpu = time.process_time() - cpu
     assert done == len(bodies), (done, len(bodies))
-    return sent - start, end - sent
+    return sent - start, end - sent, cpu
+
+
+_PLAIN_SCHEMA = """
+CREATE TABLE messages (
+    seq INTEGER PRIMARY KEY,
+    queue TEXT NOT NULL,
+    id TEXT NOT NULL,
+    body BLOB NOT NULL,
+    properties TEXT,
+    enqueued_at REAL NOT NULL,
+    visible_at REAL NOT NULL,
+    expires_at REAL,
+    delivery_count INTEGER NOT NULL DEFAULT 0,
+    receipt TEXT
+);
+CREATE INDEX messages_ready ON messages (queue, visible_at, seq);
+"""
+_PLAIN_LEASE = """
+UPDATE messages
+SET visible_at = :until, delivery_count = delivery_count + 1,
+    receipt = CAST(seq AS TEXT) || '.' || lower(hex(randomblob(8)))
+WHERE seq IN (
+    SELECT seq FROM messages WHERE queue = :queue AND visible_at <= :now
+    ORDER BY visible_at, seq LIMIT :limit
+)
+RETURNING seq, id, body, delivery_count, receipt
+"""
+_PLAIN_DELETE = "DELETE FROM messages WHERE seq = ? AND receipt = ? AND queue = ?"
+
+
+def run_plain_sqlite(
+    directory: Path, bodies: list[bytes], batch: int
+) -> tuple[float, float, float]:
+    """The same lease/complete work straight on ``sqlite3``: the engine's limit."""
+    conn = sqlite3.connect(directory / "plain.db", isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.executescript(_PLAIN_SCHEMA)
+    try:
+        start = time.perf_counter()
+        for first in range(0, len(bodies), 500):
+            now = time.time()
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany(
+                "INSERT INTO messages (queue, id, body, enqueued_at, visible_at) "
+                "VALUES ('bench', ?, ?, ?, ?)",
+                [(os.urandom(16).hex(), body, now, now) for body in bodies[first : first + 500]],
+            )
+            conn.execute("COMMIT")
+        sent = time.perf_counter()
+        cpu = time.process_time()
+        done = 0
+        while True:
+            now = time.time()
+            conn.execute("BEGIN IMMEDIATE")
+            rows = conn.execute(
+                _PLAIN_LEASE, {"until": now + 60, "queue": "bench", "now": now, "limit": batch}
+            ).fetchall()
+            conn.execute("COMMIT")
+            if not rows:
+                break
+            conn.execute("BEGIN IMMEDIATE")
+            deleted = 0
+            for seq, _id, _body, _count, receipt in rows:
+                deleted += conn.execute(_PLAIN_DELETE, (seq, receipt, "bench")).rowcount
+            conn.execute("COMMIT")
+            assert deleted == len(rows), (deleted, len(rows))
+            done += len(rows)
+        end = time.perf_counter()
+        cpu = time.process_time() - cpu
+    finally:
+        conn.close()
+    assert done == len(bodies), (done, len(bodies))
+    return sent - start, end - sent, cpu
+
+
+def held_lease_bytes(directory: Path, count: int, size: int) -> float:
+    """Python memory per held lease with its keeper entry (tracemalloc), ``count`` leases."""
+    import gc
+    import tracemalloc
+
+    queue = leasekit.open("sqlite", path=str(directory / "held.db"), queue="held", create=True)
+    keeper = leasekit.LeaseKeeper()
+    try:
+        queue.send_many([os.urandom(size) for _ in range(count)])
+        queue.lease(10, duration=600)  # warm every code path and cache first
+        gc.collect()
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        held = []
+        while len(held) < count - 10 and (batch := queue.lease(100, duration=600)):
+            held.extend(batch)
+            keeper.add_many(batch)
+        gc.collect()
+        after = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        return (after - before) / len(held)
+    finally:
+        keeper.stop()
+        queue.close()
 
 
 def run_persist_queue(
     directory: Path, bodies: list[bytes], batch: int, *, sync: str | None = None
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
     from persistqueue import Empty, SQLiteAckQueue
 
     queue = SQLiteAckQueue(str(directory / "pq"), auto_resume=False)
@@ -98,6 +228,7 @@ def run_persist_queue(
         for body in bodies:
             queue.put(body)
         sent = time.perf_counter()
+        cpu = time.process_time()
         done = 0
         while True:
             items = []
@@ -112,13 +243,14 @@ def run_persist_queue(
                 queue.ack(id=item["pqid"])
             done += len(items)
         end = time.perf_counter()
+        cpu = time.process_time() - cpu
     finally:
         queue.close()
     assert done == len(bodies), (done, len(bodies))
-    return sent - start, end - sent
+    return sent - start, end - sent, cpu
 
 
-def run_litequeue(directory: Path, bodies: list[bytes], batch: int) -> tuple[float, float]:
+def run_litequeue(directory: Path, bodies: list[bytes], batch: int) -> tuple[float, float, float]:
     from litequeue import LiteQueue
 
     queue = LiteQueue(str(directory / "lq.db"))
@@ -128,6 +260,7 @@ def run_litequeue(directory: Path, bodies: list[bytes], batch: int) -> tuple[flo
         for text in texts:
             queue.put(text)
         sent = time.perf_counter()
+        cpu = time.process_time()
         done = 0
         while True:
             messages = []
@@ -143,10 +276,11 @@ def run_litequeue(directory: Path, bodies: list[bytes], batch: int) -> tuple[flo
                     queue.done(message.message_id)
             done += len(messages)
         end = time.perf_counter()
+        cpu = time.process_time() - cpu
     finally:
         queue.close()
     assert done == len(bodies), (done, len(bodies))
-    return sent - start, end - sent
+    return sent - start, end - sent, cpu
 
 
 CONTENDERS: dict[str, Runner] = {
@@ -158,18 +292,40 @@ CONTENDERS: dict[str, Runner] = {
         d, b, n, sync="NORMAL"
     ),
     "litequeue LiteQueue": run_litequeue,
+    "plain sqlite3 (UPDATE … RETURNING, fenced DELETE)": run_plain_sqlite,
 }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--messages", type=int, default=20_000)
-    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument(
+        "--batch", type=int, action="append", help="lease batch size (repeatable; default 100)"
+    )
     parser.add_argument("--size", type=int, default=100, help="body size in bytes")
     parser.add_argument("--repeat", type=int, default=3, help="runs each; the median is shown")
     parser.add_argument("--only", action="append", help="run only contenders containing this")
     parser.add_argument("--dir", default=None, help="where to put the database files")
+    parser.add_argument(
+        "--memory", type=int, default=0, help="also measure bytes per held lease at this many"
+    )
     args = parser.parse_args()
+    for batch in args.batch or [100]:
+        run_batch(args, batch)
+    if args.memory:
+        directory = Path(tempfile.mkdtemp(prefix="leasekit-bench-", dir=args.dir))
+        try:
+            per = held_lease_bytes(directory, args.memory, args.size)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+        print(
+            f"\nPython memory per held lease with its keeper entry: {per:,.0f} B "
+            f"({args.memory:,} leases of {args.size}-byte bodies, tracemalloc)"
+        )
+
+
+def run_batch(args: argparse.Namespace, batch: int) -> None:
+    """Run every chosen contender at ``batch``, interleaved, and print the table."""
 
     bodies = [os.urandom(args.size) for _ in range(args.messages)]
     chosen = {
@@ -177,32 +333,40 @@ def main() -> None:
         for name, runner in CONTENDERS.items()
         if not args.only or any(part in name for part in args.only)
     }
-    results = {name: Result(name, [], []) for name in chosen}
+    results = {name: Result(name, [], [], []) for name in chosen}
     for _ in range(args.repeat):
         for name, runner in chosen.items():  # interleaved, so drift hits every contender
             directory = Path(tempfile.mkdtemp(prefix="leasekit-bench-", dir=args.dir))
             try:
-                send, lease = runner(directory, bodies, args.batch)
+                send, lease, cpu = runner(directory, bodies, batch)
             finally:
                 shutil.rmtree(directory, ignore_errors=True)
             results[name].send.append(send)
             results[name].lease.append(lease)
+            results[name].cpu.append(cpu)
             print(f"  {name}: send {send:.3f} s, lease+complete {lease:.3f} s", file=sys.stderr)
 
     n = args.messages
     base = results.get("leasekit (batch complete)")
     print(
-        f"\n{n} messages of {args.size} B, lease/complete in batches of {args.batch}, "
+        f"\n{n} messages of {args.size} B, lease/complete in batches of {batch}, "
         f"median of {args.repeat}; Python {platform.python_version()}, "
         f"SQLite {sqlite3.sqlite_version}, {os.cpu_count()} CPUs\n"
     )
-    print("| contender | send msg/s | lease+complete msg/s | leasekit ÷ this (lease+complete) |")
-    print("| --- | ---: | ---: | ---: |")
+    print(
+        "| contender | send msg/s | lease+complete msg/s (spread) | "
+        "leasekit ÷ this | CPU µs/msg | this ÷ leasekit CPU |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for result in results.values():
-        ratio = f"{base.rate('lease', n) / result.rate('lease', n):.2f}×" if base else "—"
+        ratio = cpu_ratio = "—"
+        if base:
+            ratio = f"{base.rate('lease', n) / result.rate('lease', n):.2f}×"
+            cpu_ratio = f"{result.cpu_per_message(n) / base.cpu_per_message(n):.2f}×"
         print(
             f"| {result.name} | {result.rate('send', n):,.0f} | "
-            f"{result.rate('lease', n):,.0f} | {ratio} |"
+            f"{result.rate('lease', n):,.0f} ({result.spread(n)}) | {ratio} | "
+            f"{result.cpu_per_message(n):.1f} | {cpu_ratio} |"
         )
 
 

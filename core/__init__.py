@@ -41,7 +41,7 @@ from .errors import (
     UnsupportedOperation,
 )
 from .health import Health, HealthLimits, HealthServer
-from .hookspecs import hookimpl
+from .hookspecs import hookimpl, listens_when
 from .idempotency import IdempotencyStore, MemoryIdempotencyStore, SqliteIdempotencyStore
 from .keeper import KeeperProgress, KeeperStats, LeaseKeeper
 from .lease import Lease
@@ -104,5 +104,6 @@ __all__ = [
     "__version__",
     "default_registry",
     "hookimpl",
+    "listens_when",
     "open",
 ]

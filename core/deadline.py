@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import contextvars
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 __all__ = [
     "MIN_TIMEOUT",
@@ -77,21 +75,36 @@ def check_deadline(doing: str = "the call") -> None:
         raise DeadlineExceeded(f"{doing}: leasekit's deadline passed {-left:.2f} s ago")
 
 
-@contextmanager
-def deadline(seconds: float | None) -> Iterator[None]:
+def deadline(seconds: float | None) -> _Deadline:
     """Run the block under a deadline ``seconds`` from now (``None``: keep the enclosing one).
 
-    A nested deadline never extends an enclosing one.
+    A nested deadline never extends an enclosing one. (A small class rather than
+    a generator: core enters several for every batch it leases or settles.)
     """
-    if seconds is None:
-        yield
-        return
-    end = time.monotonic() + seconds
-    outer = _DEADLINE.get()
-    if outer is not None and outer < end:
-        end = outer
-    token = _DEADLINE.set(end)
-    try:
-        yield
-    finally:
-        _DEADLINE.reset(token)
+    return _Deadline(seconds)
+
+
+class _Deadline:
+    """The context manager :func:`deadline` returns."""
+
+    __slots__ = ("_seconds", "_token")
+
+    def __init__(self, seconds: float | None) -> None:
+        self._seconds = seconds
+        self._token: contextvars.Token[float | None] | None = None
+
+    def __enter__(self) -> None:
+        seconds = self._seconds
+        if seconds is None:
+            return
+        end = time.monotonic() + seconds
+        outer = _DEADLINE.get()
+        if outer is not None and outer < end:
+            end = outer
+        self._token = _DEADLINE.set(end)
+
+    def __exit__(self, *exc_info: object) -> None:
+        token = self._token
+        if token is not None:
+            self._token = None
+            _DEADLINE.reset(token)

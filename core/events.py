@@ -17,6 +17,8 @@ from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any
 
+from .hookspecs import LISTENING
+
 __all__ = ["Events"]
 
 _log = logging.getLogger("leasekit")
@@ -36,9 +38,15 @@ class Events:
         self._relay = relay
 
     def observed(self, hook: str) -> bool:
-        """Whether any plugin implements ``hook`` (so a caller can skip building its event)."""
+        """Whether a plugin listens to ``hook`` now (so a caller can skip building its event).
+
+        An observer marked with :func:`~leasekit.hookspecs.listens_when` counts
+        only while its predicate is true.
+        """
         caller = getattr(self._relay, hook, None) if self._relay is not None else None
-        return bool(caller is not None and caller.get_hookimpls())
+        if caller is None:
+            return False
+        return any(_listening(impl) for impl in caller.get_hookimpls())
 
     def bracket(
         self, name: str, after: Callable[[BaseException | None], Mapping[str, Any]], **before: Any
@@ -69,10 +77,18 @@ class Events:
             return
         ordered = reversed(impls) if "_after_" in hook else impls
         for impl in ordered:
+            if not _listening(impl):
+                continue
             try:
                 impl.function(**{name: kwargs[name] for name in impl.argnames if name in kwargs})
             except Exception:
                 _log.exception("leasekit plugin %r failed in %s", impl.plugin_name, hook)
+
+
+def _listening(impl: Any) -> bool:
+    """Whether a hook implementation wants events now (see ``listens_when``)."""
+    predicate = getattr(impl.function, LISTENING, None)
+    return predicate is None or bool(predicate())
 
 
 #: ``before_``/``after_`` hook names by event name (``"send"``: ``leasekit_before_send``...).

@@ -5,11 +5,17 @@ and ``leasekit.plugins`` (observers, integrations). An entry point names a modul
 or object holding ``@leasekit.hookimpl`` functions. Implementations may accept
 fewer arguments than a spec lists; call hooks with keyword arguments only.
 Registration hooks return lazy strings, so discovery imports no SDK.
+
+An observer that only sometimes wants an event (a logger below its level) says
+so with :func:`listens_when`: while its predicate is false the event is not
+built for it, and an event nobody listens to costs a check per batch, not a
+call per message.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pluggy
 
@@ -22,10 +28,34 @@ if TYPE_CHECKING:
     from .registry import BackendSpec
     from .spi import OutgoingMessage
 
-__all__ = ["hookimpl", "hookspec"]
+__all__ = ["LISTENING", "hookimpl", "hookspec", "listens_when"]
 
 hookspec = pluggy.HookspecMarker("leasekit")
 hookimpl = pluggy.HookimplMarker("leasekit")
+
+#: The attribute :func:`listens_when` sets on an observer function.
+LISTENING = "leasekit_listening"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def listens_when(predicate: Callable[[], bool]) -> Callable[[F], F]:
+    """Mark an event observer as listening only while ``predicate()`` is true.
+
+    For observers that drop most events (``log.debug`` below the logger's
+    level): core skips building per-lease events no observer listens to. The
+    predicate is called once per batch of events and must be cheap::
+
+        @hookimpl
+        @listens_when(lambda: log.isEnabledFor(logging.DEBUG))
+        def leasekit_lease_completed(lease): log.debug("completed %s", lease.message.id)
+    """
+
+    def mark(function: F) -> F:
+        setattr(function, LISTENING, predicate)
+        return function
+
+    return mark
 
 
 # -------------------------------------------------------------------------

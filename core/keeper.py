@@ -104,7 +104,7 @@ class KeeperProgress:
     oldest_overdue: float
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Held:
     lease: Lease
     duration: float | None
@@ -259,7 +259,7 @@ class LeaseKeeper:
         # leases made that 100,000 objects a second for the full collections to scan.
         self._buckets: dict[int, tuple[list[_Held | _Flight], list[int]]] = {}
         self._keys: list[int] = []
-        self._held: dict[int, _Held] = {}
+        self._held: dict[Lease, _Held] = {}  # by identity: no int per lease
         self._lanes: dict[int, _Lane] = {}
         self._cond = threading.Condition()
         self._state = "new"
@@ -390,18 +390,23 @@ class LeaseKeeper:
         release_at = None if lifetime is None else now + lifetime
         entries = []
         spread = random.random()  # one draw per call: leases added together stay together
+        due = 0.0
+        key: tuple[float, float] | None = None
         for lease in leases:
             held = _Held(lease, checked.get(id(lease.queue)), release_at)
-            held.due = self._first_due(lease, spread)
+            if (lease.deadline, lease.duration) != key:  # leases of one receive share one
+                key = (lease.deadline, lease.duration)
+                due = self._first_due(lease, spread)
+            held.due = due
             entries.append(held)
         with self._cond:
             if self._state != "running":
                 raise errors.LeaseStateError("the LeaseKeeper is stopped")
             for held in entries:
-                previous = self._held.get(id(held.lease))
+                previous = self._held.get(held.lease)
                 if previous is not None:
                     previous.active = False
-                self._held[id(held.lease)] = held
+                self._held[held.lease] = held
                 self._push(held)
             self.stats.held = len(self._held)
 
@@ -413,7 +418,7 @@ class LeaseKeeper:
         """Stop keeping several leases alive, in one lock round."""
         with self._cond:
             for lease in leases:
-                held = self._held.pop(id(lease), None)
+                held = self._held.pop(lease, None)
                 if held is not None:
                     held.active = False
             self.stats.held = len(self._held)
@@ -434,7 +439,7 @@ class LeaseKeeper:
             self.discard(lease)
 
     def __contains__(self, lease: object) -> bool:
-        return id(lease) in self._held
+        return lease in self._held
 
     def __len__(self) -> int:
         return len(self._held)
@@ -627,8 +632,8 @@ class LeaseKeeper:
         The message comes back to the queue when its physical lease runs out.
         """
         with self._cond:
-            if self._held.get(id(held.lease)) is held:
-                del self._held[id(held.lease)]
+            if self._held.get(held.lease) is held:
+                del self._held[held.lease]
             held.active = False
             self.stats.released_at_max_lifetime += 1
             self.stats.held = len(self._held)
@@ -714,6 +719,6 @@ class LeaseKeeper:
 
     def _forget(self, held: _Held) -> None:
         held.active = False
-        if self._held.get(id(held.lease)) is held:
-            del self._held[id(held.lease)]
+        if self._held.get(held.lease) is held:
+            del self._held[held.lease]
         self.stats.held = len(self._held)

@@ -11,7 +11,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from .errors import LeaseLost
-from .lease_record import LeaseRecord
+from .lease_record import LeaseBatch, LeaseRecord
 from .message import LeaseState, Message
 from .options import check_callable
 from .spi import RawMessage
@@ -38,7 +38,9 @@ class Lease:
     lease so the message is redelivered at once.
     """
 
-    __slots__ = ("__weakref__", "_queue", "_raw_message", "_record", "message", "received_at")
+    # No RawMessage is kept (its fields are the message's; ``raw_message`` rebuilds
+    # it): a held lease is the Lease, its LeaseRecord and its Message.
+    __slots__ = ("__weakref__", "_queue", "_raw", "_record", "message", "received_at")
 
     def __init__(
         self,
@@ -50,15 +52,19 @@ class Lease:
         raw_message: RawMessage,
         *,
         deadline: float | None = None,
+        batch: LeaseBatch | None = None,
+        received_at: float | None = None,
     ) -> None:
         self._queue = queue
         self.message = message
-        self._raw_message = raw_message
+        self._raw = raw_message.raw
         #: :func:`time.monotonic` when the message was received.
-        self.received_at = time.monotonic()
+        self.received_at = time.monotonic() if received_at is None else received_at
         if deadline is None:  # no call to measure from: the backend's expiry, by this clock
             deadline = self.received_at + max(0.0, expires_at.timestamp() - time.time())
-        self._record = LeaseRecord(self, receipt, expires_at, deadline, duration, queue.events)
+        if batch is None:
+            batch = LeaseBatch(queue.events)
+        self._record = LeaseRecord(self, receipt, expires_at, deadline, duration, batch)
 
     # ------------------------------------------------------------- properties
 
@@ -112,12 +118,29 @@ class Lease:
     @property
     def raw(self) -> Any:
         """The SDK's own message object (the escape hatch; backend-specific)."""
-        return self._raw_message.raw
+        return self._raw
 
     @property
     def raw_message(self) -> RawMessage:
-        """The message as the driver returned it (for core and vendors)."""
-        return self._raw_message
+        """The message as the driver returned it, with the lease's current receipt and expiry.
+
+        For core and vendors (a driver's ``dead_letter`` and ``checkpoint`` get
+        it); made when asked for, so a held lease keeps no second copy.
+        """
+        message = self.message
+        record = self._record
+        return RawMessage(
+            id=message.id,
+            body=message.body,
+            receipt=record.receipt,
+            delivery_count=message.delivery_count,
+            enqueued_at=message.enqueued_at,
+            visible_until=record.expires_at,
+            properties=message.properties,
+            raw=self._raw,
+            checkpoint=message.checkpoint if self._queue.capabilities.native_checkpoint else None,
+            group=message.group,
+        )
 
     @property
     def can_abandon_with_delay(self) -> bool:

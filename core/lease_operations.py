@@ -28,8 +28,8 @@ from . import errors
 from .deadline import deadline, time_left
 from .events import Events
 from .lease import Lease
-from .lease_record import RENEW, SETTLE
-from .message import LeaseState, Message
+from .lease_record import RENEW, SETTLE, LeaseBatch
+from .message import NO_PROPERTIES, LeaseState, Message
 from .spi import CheckpointEntry, RawMessage, Visibility
 
 if TYPE_CHECKING:
@@ -107,19 +107,29 @@ class LeaseOperations:
         set_after = queue.capabilities.lease_set_after_receive
         now = time.time()
         store = queue.checkpoint_store
+        # One of each per receive, shared by its leases: the lock and events, the
+        # receive time, and (unless set after) the deadline.
+        shared = LeaseBatch(queue.events)
+        received = time.monotonic()
+        deadline = started + seconds
         for raw in batch:
-            message = Message(
-                id=raw.id,
-                body=raw.body,
-                delivery_count=raw.delivery_count,
-                enqueued_at=raw.enqueued_at,
-                properties=dict(raw.properties),
-                checkpoint=raw.checkpoint if store is None else self._stored_checkpoint(raw.id),
-                group=raw.group,
+            properties = raw.properties
+            if not properties:
+                properties = NO_PROPERTIES  # one shared empty mapping, not one per message
+            elif type(properties) is not dict:
+                properties = dict(properties)
+            message = Message(  # by position: one is made per message received
+                raw.id,
+                raw.body,
+                raw.delivery_count,
+                raw.enqueued_at,
+                properties,  # the driver's dict is the message's own (made for this receive)
+                raw.checkpoint if store is None else self._stored_checkpoint(raw.id),
+                raw.group,
             )
-            physical = seconds
             if set_after:  # the receive used the queue's visibility, not ours
                 physical = min(seconds, max(0.0, raw.visible_until.timestamp() - now))
+                deadline = started + physical
             leases.append(
                 Lease(
                     queue,
@@ -128,7 +138,9 @@ class LeaseOperations:
                     raw.visible_until,
                     seconds,
                     raw,
-                    deadline=started + physical,
+                    deadline=deadline,
+                    batch=shared,
+                    received_at=received,
                 )
             )
         if set_after:

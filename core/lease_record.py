@@ -15,6 +15,13 @@ of the call that set the lease plus the duration it asked for. The backend set
 the visibility after that call started, so the deadline is never later than the
 true expiry, whatever the clocks of the two machines say. Core decides that a
 lease is lost by the deadline (:meth:`expire`), not by waiting for a call.
+
+Cost: the leases of one receive share one :class:`LeaseBatch` (a lock, the
+condition a waiting operation sleeps on, the events), and a record makes its
+``lease.lost`` event and its callback list only when first asked for. A held
+lease costs no synchronisation object of its own; the lock is held for a few
+field writes only, never across a call, so leases of one batch do not hold each
+other up.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ if TYPE_CHECKING:
     from .events import Events
     from .lease import Lease
 
-__all__ = ["RENEW", "SETTLE", "LeaseRecord"]
+__all__ = ["RENEW", "SETTLE", "LeaseBatch", "LeaseRecord"]
 
 _log = logging.getLogger("leasekit")
 
@@ -43,6 +50,36 @@ SETTLE = "settle"
 #: Longest a settle waits beyond the lease's deadline for a renewal in flight to
 #: report (the keeper marks the lease lost at its deadline, which ends the wait).
 BUSY_GRACE = 1.0
+
+
+class LeaseBatch:
+    """What the leases of one receive share: their lock, the condition to wait on, the events.
+
+    Parameters
+    ----------
+        events: where the ``leasekit_lease_lost`` event goes.
+    """
+
+    __slots__ = ("events", "idle", "mutex")
+
+    def __init__(self, events: Events) -> None:
+        self.events = events
+        self.mutex = threading.Lock()
+        #: Notified when a lease of the batch stops being busy; made (under
+        #: ``mutex``) by the first operation that has to wait for another.
+        self.idle: threading.Condition | None = None
+
+    def wait_idle(self, timeout: float) -> None:
+        """Wait (holding ``mutex``) until a lease of the batch is released, or ``timeout``."""
+        idle = self.idle
+        if idle is None:
+            idle = self.idle = threading.Condition(self.mutex)
+        idle.wait(timeout)
+
+    def notify_idle(self) -> None:
+        """Wake every operation waiting for a lease of the batch (call holding ``mutex``)."""
+        if self.idle is not None:
+            self.idle.notify_all()
 
 
 class LeaseRecord:
@@ -55,12 +92,12 @@ class LeaseRecord:
         expires_at: the backend's expiry (UTC).
         deadline: core's expiry on :func:`time.monotonic`.
         duration: the physical lease duration set by the receive.
-        events: where the ``leasekit_lease_lost`` event goes, once, when the lease is found lost.
+        batch: what it shares with the leases of its receive (the lock, the events;
+            the ``leasekit_lease_lost`` event goes there, once, when the lease is found lost).
     """
 
     __slots__ = (
-        "_events",
-        "_idle",
+        "_batch",
         "_lost_event",
         "_mutex",
         "_on_lost",
@@ -82,7 +119,7 @@ class LeaseRecord:
         expires_at: datetime,
         deadline: float,
         duration: float,
-        events: Events,
+        batch: LeaseBatch,
     ) -> None:
         self.owner = owner
         self.receipt = receipt
@@ -95,11 +132,10 @@ class LeaseRecord:
         self.lost_error: LeaseLost | None = None
         #: Checkpoints this holder saved (:meth:`checkpointed`).
         self.checkpoints = 0
-        self._mutex = threading.Lock()
-        self._idle = threading.Condition(self._mutex)  # notified when ``busy`` clears
-        self._on_lost: list[Callable[[Lease, LeaseLost], None]] = []
+        self._batch = batch
+        self._mutex = batch.mutex
+        self._on_lost: list[Callable[[Lease, LeaseLost], None]] | None = None  # made on first use
         self._lost_event: threading.Event | None = None  # made on first use
-        self._events = events
 
     # ------------------------------------------------------------------ reads
 
@@ -153,14 +189,15 @@ class LeaseRecord:
                     remaining = limit - time.monotonic()
                     if remaining <= 0:
                         break
-                    self._idle.wait(remaining)
+                    self._batch.wait_idle(remaining)
                 if self.busy is not None:
                     return LeaseLost(
                         f"cannot {action} message {message_id!r}: its {self.busy} call has "
                         "not returned and the lease's time is up"
                     )
-            error = self.unusable(action, message_id)
-            if error is not None:
+            if self.state is not LeaseState.HELD:
+                error = self.unusable(action, message_id)
+                assert error is not None
                 return error
             self.busy = operation
             return self.receipt
@@ -169,7 +206,7 @@ class LeaseRecord:
         """Give the lease back unchanged (the operation made no call, or changed nothing)."""
         with self._mutex:
             self.busy = None
-            self._idle.notify_all()
+            self._batch.notify_idle()
 
     def renewed(
         self,
@@ -190,7 +227,7 @@ class LeaseRecord:
         now = time.monotonic()
         with self._mutex:
             self.busy = None
-            self._idle.notify_all()
+            self._batch.notify_idle()
             if self.state is not LeaseState.HELD:
                 return self.lost_error if self.state is LeaseState.LOST else None
             if late_is_lost and now > self.deadline:
@@ -219,7 +256,7 @@ class LeaseRecord:
             self.busy = None
             if self.state is LeaseState.HELD:
                 self.state = state
-            self._idle.notify_all()
+            self._batch.notify_idle()
 
     def failed(self, error: BaseException) -> None:
         """Record a failed operation: the lease stays held, unless ``error`` says it is lost."""
@@ -246,9 +283,9 @@ class LeaseRecord:
                 return False
             self.state = LeaseState.LOST
             self.lost_error = error
-            callbacks, self._on_lost = self._on_lost, []
+            callbacks, self._on_lost = self._on_lost or (), None
             event = self._lost_event
-            self._idle.notify_all()
+            self._batch.notify_idle()
         if event is not None:
             event.set()  # else: made already set when first asked for
         owner = self.owner
@@ -257,13 +294,15 @@ class LeaseRecord:
                 callback(owner, error)
             except Exception:
                 _log.exception("on_lost callback failed for %r", owner)
-        self._events.emit("leasekit_lease_lost", lease=owner, error=error)
+        self._batch.events.emit("leasekit_lease_lost", lease=owner, error=error)
         return True
 
     def on_lost(self, callback: Callable[[Lease, LeaseLost], None]) -> LeaseLost | None:
         """Register ``callback``; return the error instead if the lease is lost already."""
         with self._mutex:
             if self.lost_error is None:
+                if self._on_lost is None:
+                    self._on_lost = []
                 self._on_lost.append(callback)
                 return None
             return self.lost_error
@@ -271,7 +310,7 @@ class LeaseRecord:
     def remove_on_lost(self, callback: Callable[[Lease, LeaseLost], None]) -> None:
         """Forget ``callback`` (registered with :meth:`on_lost`), if it is still waiting."""
         with self._mutex:
-            if callback in self._on_lost:
+            if self._on_lost and callback in self._on_lost:
                 self._on_lost.remove(callback)
 
     def __repr__(self) -> str:

@@ -7,10 +7,33 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-__all__ = ["LeaseState", "Message"]
+__all__ = ["NO_PROPERTIES", "LeaseState", "Message"]
 
 
-@dataclass(frozen=True)
+class _NoProperties(dict[str, str]):
+    """An empty ``dict`` that cannot change: the properties of a message that has none.
+
+    One shared object instead of an empty dict per received message; a ``dict``,
+    so ``json.dumps`` and ``dict()`` take it.
+    """
+
+    __slots__ = ()
+
+    def _refuse(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("a received message's properties cannot be changed")
+
+    __setitem__ = __delitem__ = update = setdefault = pop = popitem = clear = _refuse  # type: ignore[assignment]
+    __ior__ = _refuse  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[type[dict[str, str]], tuple[()]]:
+        return (dict, ())  # a copy elsewhere is an ordinary (empty) dict
+
+
+#: The properties of a received message that has none (shared, read-only).
+NO_PROPERTIES: Mapping[str, str] = _NoProperties()
+
+
+@dataclass(frozen=True, slots=True)
 class Message:
     """A received message.
 

@@ -412,8 +412,9 @@ class Queue:
             max_messages=max_messages,
         ):
             leases = self._receive(max_messages, seconds, wait)
-            for lease in leases:
-                self._events.emit("leasekit_lease_acquired", lease=lease)
+            if leases and self._events.observed("leasekit_lease_acquired"):
+                for lease in leases:
+                    self._events.emit("leasekit_lease_acquired", lease=lease)
         return leases
 
     def _receive(self, max_messages: int, seconds: float, wait: float) -> list[Lease]:

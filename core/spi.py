@@ -140,7 +140,7 @@ class OutgoingMessage:
     dedup_key: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RawMessage:
     """One received message as a driver returns it.
 

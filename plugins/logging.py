@@ -1,7 +1,8 @@
 """Log every lease and worker event (registered by default through ``leasekit.plugins``).
 
-Logger ``leasekit.events``: acquired/completed/abandoned at DEBUG (renewals are
-not logged: a keeper makes thousands a second; count them with a plugin instead),
+Logger ``leasekit.events``: acquired/completed/abandoned at DEBUG (those events
+are built only while that level is enabled: ``listens_when``; renewals are not
+logged: a keeper makes thousands a second; count them with a plugin instead),
 dead-lettered and lost at WARNING, worker start/stop at INFO. Receipts are not
 logged (they are capabilities to settle someone's message); message ids are.
 """
@@ -12,32 +13,39 @@ import logging
 from typing import Any
 
 from leasekit.errors import LeaseLost
-from leasekit.hookspecs import hookimpl
+from leasekit.hookspecs import hookimpl, listens_when
 from leasekit.lease import Lease
 
 log = logging.getLogger("leasekit.events")
 
 
+def _debug() -> bool:
+    """Whether debug lines are logged (else the per-lease events are not built for us)."""
+    return log.isEnabledFor(logging.DEBUG)
+
+
 @hookimpl
+@listens_when(_debug)
 def leasekit_lease_acquired(lease: Lease) -> None:
     """Log an acquired lease."""
-    if log.isEnabledFor(logging.DEBUG):
-        log.debug(
-            "leased %s from %s (delivery %d, until %s)",
-            lease.message.id,
-            lease.queue.name,
-            lease.message.delivery_count,
-            lease.expires_at.isoformat(),
-        )
+    log.debug(
+        "leased %s from %s (delivery %d, until %s)",
+        lease.message.id,
+        lease.queue.name,
+        lease.message.delivery_count,
+        lease.expires_at.isoformat(),
+    )
 
 
 @hookimpl
+@listens_when(_debug)
 def leasekit_lease_completed(lease: Lease) -> None:
     """Log a completion."""
     log.debug("completed %s", lease.message.id)
 
 
 @hookimpl
+@listens_when(_debug)
 def leasekit_lease_abandoned(lease: Lease, delay: float) -> None:
     """Log an abandon."""
     log.debug("abandoned %s (visible again in %.1f s)", lease.message.id, delay)

@@ -211,7 +211,7 @@ def test_a_timed_out_or_cancelled_wait_lost_leaves_nothing_behind() -> None:
             waiting.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await waiting
-            assert lease.lease._record._on_lost == [], "wait_lost left callbacks"
+            assert not lease.lease._record._on_lost, "wait_lost left callbacks"
             # And one that waits still hears of the loss.
             found = asyncio.ensure_future(lease.wait_lost(5))
             await asyncio.sleep(0.01)

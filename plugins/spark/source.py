@@ -554,8 +554,7 @@ class LeasekitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         leases = [lz for batch in done for lz in batch.leases]
         if not leases:
             return
-        for lease in leases:
-            planner.keeper.discard(lease)
+        planner.keeper.discard_many(leases)  # one lock round for the batch
         try:
             # Completing overlaps the next batch; the worker runs jobs in order, so
             # this finishes before the prefetch queued after it.
