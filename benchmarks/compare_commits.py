@@ -144,6 +144,7 @@ PRESETS: dict[str, Preset] = {
             "bytes per held lease (with keeper entry)": pattern(
                 r"per held lease with its keeper entry: ([\d,]+) B"
             ),
+            "LeaseKeeper.add_many µs per lease": pattern(r"add_many CPU per lease: ([\d.]+)"),
         },
     ),
     "mns": Preset(

@@ -19,23 +19,71 @@ from typing import Any
 
 from .hookspecs import LISTENING
 
-__all__ = ["Events"]
+__all__ = ["Events", "count_changes"]
 
 _log = logging.getLogger("leasekit")
 
 
+#: Each counted hook relay and its change count (see :func:`count_changes`), by
+#: ``id`` of the relay (pluggy's relay takes no attribute of ours and no weak
+#: reference; the relay is kept so its ``id`` is never another's; a plugin
+#: manager lives as long as its registry, usually the process).
+_CHANGES: dict[int, tuple[Any, list[int]]] = {}
+
+
+def count_changes(relay: Any) -> list[int]:
+    """A new change count for a plugin manager's hook relay: a one-item list its manager bumps.
+
+    The manager calls this once, when made, and increments ``[0]`` on every
+    change of who implements what; :class:`Events` over that relay caches its
+    listeners until the count moves.
+    """
+    box = [0]
+    _CHANGES[id(relay)] = (relay, box)
+    return box
+
+
 class Events:
     """The event hooks of one plugin manager's relay (``registry.hook``), or none.
+
+    Who implements each hook is looked up once and cached until the plugin
+    manager changes (a registration counts, see ``registry._PluginManager``), so
+    asking whether an event is observed costs a dictionary lookup; the
+    predicates of observers marked with
+    :func:`~leasekit.hookspecs.listens_when` are asked each time.
 
     Parameters
     ----------
         relay: pluggy's hook relay, or ``None`` for a queue without plugins.
     """
 
-    __slots__ = ("_relay",)
+    __slots__ = ("_cache", "_changes", "_relay")
 
     def __init__(self, relay: Any = None) -> None:
         self._relay = relay
+        #: The manager's change count (a one-item list), where it keeps one.
+        counted = _CHANGES.get(id(relay)) if relay is not None else None
+        self._changes: list[int] | None = counted[1] if counted else None
+        self._cache: dict[str, _Listeners] = {}
+
+    def _listeners(self, hook: str) -> _Listeners | None:
+        """Who implements ``hook`` (cached while the plugin manager is unchanged)."""
+        relay = self._relay
+        if relay is None:
+            return None
+        changes = self._changes
+        if changes is not None:
+            cached = self._cache.get(hook)
+            if cached is not None and cached.version == changes[0]:
+                return cached
+        caller = getattr(relay, hook, None)
+        if caller is None:
+            return None
+        version = changes[0] if changes is not None else -1
+        listeners = _Listeners(version, caller.get_hookimpls())
+        if changes is not None:
+            self._cache[hook] = listeners
+        return listeners
 
     def observed(self, hook: str) -> bool:
         """Whether a plugin listens to ``hook`` now (so a caller can skip building its event).
@@ -43,10 +91,13 @@ class Events:
         An observer marked with :func:`~leasekit.hookspecs.listens_when` counts
         only while its predicate is true.
         """
-        caller = getattr(self._relay, hook, None) if self._relay is not None else None
-        if caller is None:
+        listeners = self._listeners(hook)
+        if listeners is None:
             return False
-        return any(_listening(impl) for impl in caller.get_hookimpls())
+        if listeners.always:
+            return True
+        predicates = listeners.predicates
+        return bool(predicates) and any(predicate() for predicate in predicates)
 
     def bracket(
         self, name: str, after: Callable[[BaseException | None], Mapping[str, Any]], **before: Any
@@ -67,14 +118,10 @@ class Events:
 
     def emit(self, hook: str, **kwargs: Any) -> None:
         """Call ``hook``'s observers with the arguments each accepts; log their errors."""
-        if self._relay is None:
+        listeners = self._listeners(hook)
+        if listeners is None or not listeners.impls:
             return
-        caller = getattr(self._relay, hook, None)
-        if caller is None:
-            return
-        impls = caller.get_hookimpls()
-        if not impls:
-            return
+        impls = listeners.impls
         ordered = reversed(impls) if "_after_" in hook else impls
         for impl in ordered:
             if not _listening(impl):
@@ -83,6 +130,20 @@ class Events:
                 impl.function(**{name: kwargs[name] for name in impl.argnames if name in kwargs})
             except Exception:
                 _log.exception("leasekit plugin %r failed in %s", impl.plugin_name, hook)
+
+
+class _Listeners:
+    """The implementations of one hook at one version of the plugin manager."""
+
+    __slots__ = ("always", "impls", "predicates", "version")
+
+    def __init__(self, version: int, impls: list[Any]) -> None:
+        self.version = version
+        self.impls = impls
+        predicates = [getattr(impl.function, LISTENING, None) for impl in impls]
+        #: An implementation listens whatever happens (no ``listens_when``).
+        self.always = any(predicate is None for predicate in predicates)
+        self.predicates = [predicate for predicate in predicates if predicate is not None]
 
 
 def _listening(impl: Any) -> bool:

@@ -239,9 +239,15 @@ class LeaseOperations:
         """The work of :meth:`settle`: results to ``results``, settled leases to ``done``."""
         action, size = spec.action, spec.batch
         taken, repeats = self._take(leases, SETTLE, action, results)
-        chunks = [taken[start : start + size] for start in range(0, len(taken), size)]
-        held = [lease for _, lease, _ in taken]
-        whole = self.lease_timeout(held, limit, settle=True) if held else None
+        if len(taken) <= size:
+            chunks = [taken] if taken else []
+        else:
+            chunks = [taken[start : start + size] for start in range(0, len(taken), size)]
+        whole = (
+            self.lease_timeout([lease for _, lease, _ in taken], limit, settle=True)
+            if taken
+            else None
+        )
         with deadline(whole):  # one for the whole call: each chunk gets what is left
             for position, chunk in enumerate(chunks):
                 if self._out_of_time(action, chunks, position, results):
@@ -555,6 +561,13 @@ class LeaseOperations:
         taken once: the second list pairs each later position with its first,
         whose result it gets (see :func:`_copy_repeats`).
         """
+        if len(leases) == 1:  # the common single settle: nothing to order or repeat
+            lease = leases[0]
+            outcome = lease._record.take(operation, action, lease.message.id)
+            if isinstance(outcome, str):
+                return [(0, lease, outcome)], []
+            results[0] = outcome
+            return [], []
         order = sorted(range(len(leases)), key=lambda i: id(leases[i]))
         taken: list[_Taken] = []
         seen: dict[int, int] = {}

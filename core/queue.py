@@ -132,6 +132,8 @@ class Queue:
         self._closed = False
         self._log = _log
         self._operations = LeaseOperations(self)
+        #: How a completion is done (made on first use, remade if the capabilities change).
+        self._complete_spec: SettleSpec | None = None
         self._dead_letters = DeadLetters(self)
         caps = driver.capabilities
         if lease_duration is None:
@@ -700,13 +702,15 @@ class Queue:
         leases = self._check_own(leases)
         limit = arguments.timeout(timeout)
         self._require_open()
-        complete = SettleSpec(
-            action="complete",
-            state=LeaseState.COMPLETED,
-            batch=self.capabilities.max_delete_batch,
-            call=self._driver.delete,
-            hook="leasekit_lease_completed",
-        )
+        complete = self._complete_spec
+        if complete is None or complete.batch != self.capabilities.max_delete_batch:
+            complete = self._complete_spec = SettleSpec(
+                action="complete",
+                state=LeaseState.COMPLETED,
+                batch=self.capabilities.max_delete_batch,
+                call=self._driver.delete,
+                hook="leasekit_lease_completed",
+            )
         return self._operations.settle(leases, complete, limit)
 
     def abandon_many(

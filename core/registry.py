@@ -25,6 +25,7 @@ import pluggy
 from . import hookspecs
 from .checkpoints import CheckpointStore
 from .errors import BackendNotFound, BackendNotInstalled, InvalidArgument, InvalidURL, LeaseError
+from .events import count_changes
 from .queue import Queue
 from .redaction import redact, redact_url, remember_secrets
 from .retry import RetryPolicy
@@ -87,7 +88,7 @@ class BackendRegistry:
         """The pluggy plugin manager (created and loaded on first use)."""
         with self._lock:
             if self._pm is None:
-                pm = pluggy.PluginManager("leasekit")
+                pm = _PluginManager("leasekit")
                 pm.add_hookspecs(hookspecs)
                 if self._load_entrypoints:
                     _load_entrypoints(pm, BACKEND_GROUP)
@@ -273,6 +274,37 @@ def _refuse_credentials(cls: type[Driver], query: Iterable[str], *, userinfo: bo
             f"{cls.scheme or cls.__name__} URLs carry no credentials (got {', '.join(found)}); "
             f"{cls.credential_hint}"
         )
+
+
+class _PluginManager(pluggy.PluginManager):
+    """pluggy's manager, counting its changes so a queue's events can cache who listens.
+
+    Every registration, unregistration and new hook spec bumps the count, a
+    one-item list :class:`~leasekit.events.Events` finds by the hook relay
+    (:func:`~leasekit.events.count_changes`).
+    """
+
+    def __init__(self, project_name: str) -> None:
+        super().__init__(project_name)
+        self._changes = count_changes(self.hook)
+
+    def register(self, plugin: object, name: str | None = None) -> str | None:
+        try:
+            return super().register(plugin, name)
+        finally:
+            self._changes[0] += 1
+
+    def unregister(self, plugin: object | None = None, name: str | None = None) -> Any:
+        try:
+            return super().unregister(plugin, name)
+        finally:
+            self._changes[0] += 1
+
+    def add_hookspecs(self, module_or_class: Any) -> None:
+        try:
+            super().add_hookspecs(module_or_class)
+        finally:
+            self._changes[0] += 1
 
 
 def _load_entrypoints(pm: pluggy.PluginManager, group: str) -> None:

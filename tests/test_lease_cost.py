@@ -221,3 +221,29 @@ def test_sqlite_batch_renew_and_abandon_are_fenced_per_receipt(tmp_path: Path) -
         assert abandoned == [None, None]
         again = queue.lease(3, duration=30)
         assert sorted(lz.message.body for lz in again) == [b"a", b"c"]
+
+
+def test_a_plugin_registered_after_the_queue_opened_hears_its_events() -> None:
+    """Who listens is cached per queue until the plugin manager changes."""
+    registry = leasekit.BackendRegistry()
+    queue = registry.open(
+        "memory", queue="late", broker=MemoryBroker(clock=leasekit.ManualClock()), create=True
+    )
+    queue.send_many([b"1", b"2"])
+    assert not queue.events.observed("leasekit_lease_acquired")
+    queue.lease(1, duration=30)
+    heard: list[str] = []
+
+    class Late:
+        @leasekit.hookimpl
+        def leasekit_lease_acquired(self, lease: leasekit.Lease) -> None:
+            heard.append(lease.message.id)
+
+    plugin = Late()
+    registry.register_plugin(plugin)
+    [lease] = queue.lease(1, duration=30)
+    assert heard == [lease.message.id]
+    registry.plugin_manager.unregister(plugin)
+    queue.send(b"3")
+    queue.lease(1, duration=30)
+    assert heard == [lease.message.id], "an unregistered plugin hears nothing more"
