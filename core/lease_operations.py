@@ -29,7 +29,7 @@ from .deadline import deadline, time_left
 from .events import Events
 from .lease import Lease
 from .lease_record import RENEW, SETTLE, LeaseBatch
-from .message import NO_PROPERTIES, LeaseState, Message
+from .message import NO_PROPERTIES, LeaseState, received_message
 from .spi import CheckpointEntry, RawMessage, Visibility
 
 if TYPE_CHECKING:
@@ -118,7 +118,7 @@ class LeaseOperations:
                 properties = NO_PROPERTIES  # one shared empty mapping, not one per message
             elif type(properties) is not dict:
                 properties = dict(properties)
-            message = Message(  # by position: one is made per message received
+            message = received_message(
                 raw.id,
                 raw.body,
                 raw.delivery_count,

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-__all__ = ["NO_PROPERTIES", "LeaseState", "Message"]
+__all__ = ["NO_PROPERTIES", "LeaseState", "Message", "received_message"]
 
 
 class _NoProperties(dict[str, str]):
@@ -53,6 +53,39 @@ class Message:
     properties: Mapping[str, str] = field(default_factory=dict)
     checkpoint: bytes | None = field(default=None, repr=False)
     group: str | None = None
+
+
+_new = object.__new__
+_SET = tuple(
+    Message.__dict__[name].__set__
+    for name in ("id", "body", "delivery_count", "enqueued_at", "properties", "checkpoint", "group")
+)
+
+
+def received_message(
+    id: str,
+    body: bytes,
+    delivery_count: int,
+    enqueued_at: datetime,
+    properties: Mapping[str, str],
+    checkpoint: bytes | None,
+    group: str | None,
+) -> Message:
+    """A :class:`Message` as ``Message(...)`` makes it, at half the cost (one per message received).
+
+    A frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``;
+    this sets the slots directly. Every field is given: no defaults, no checks.
+    """
+    message = _new(Message)
+    set_id, set_body, set_count, set_enqueued, set_properties, set_checkpoint, set_group = _SET
+    set_id(message, id)
+    set_body(message, body)
+    set_count(message, delivery_count)
+    set_enqueued(message, enqueued_at)
+    set_properties(message, properties)
+    set_checkpoint(message, checkpoint)
+    set_group(message, group)
+    return message
 
 
 class LeaseState(enum.Enum):
