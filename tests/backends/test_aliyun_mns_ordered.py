@@ -41,7 +41,6 @@ def server_options(mns_server: Any) -> dict[str, str]:
 
 
 class TestAliyunMnsOrdered(OrderedSuite):
-
     @pytest.fixture(scope="class")
     @classmethod
     def harness(cls, mns_server: Any) -> Iterator[UrlHarness]:
@@ -51,7 +50,6 @@ class TestAliyunMnsOrdered(OrderedSuite):
 
 
 class TestAliyunMnsOrderedThroughAsyncio(OrderedSuite):
-
     @pytest.fixture(scope="class")
     @classmethod
     def harness(cls, mns_server: Any) -> Iterator[AsyncUrlHarness]:
