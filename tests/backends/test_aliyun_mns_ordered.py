@@ -279,3 +279,23 @@ def test_unreachable_openapi_is_backend_unavailable() -> None:
         pytest.raises(BackendUnavailable),
     ):
         queue.lease(1)
+
+
+def test_a_credentials_provider_signs_the_openapi_calls_too(options: dict[str, str]) -> None:
+    from mns.auth import StaticCredentialsProvider
+
+    provider = StaticCredentialsProvider(options["access_key_id"], options["access_key_secret"])
+    name = f"p-{uuid.uuid4().hex[:12]}"
+    with leasekit.open(
+        "aliyun-mns",
+        queue=name,
+        endpoint=options["endpoint"],
+        credentials_provider=provider,
+        ordered=True,
+        create=True,
+    ) as queue:
+        queue.send(b"x", group="A")
+        [lease] = queue.lease(1, wait=5)
+        assert lease.message.group == "A"
+        lease.complete()
+        queue.delete_queue()
