@@ -7,7 +7,9 @@ URLs:
     ``?scheme=http|https`` overrides (``aliyun-mns://127.0.0.1:8080/jobs?scheme=http``).
     Other URL options: ``connect_timeout`` (seconds to open a connection,
     default 5) and ``read_timeout`` (seconds to wait for an answer, default 10;
-    a receive waits its long poll beyond that). Each call is bounded tighter
+    a receive waits its long poll beyond that); ``ordered=true`` for an ordered
+    (FIFO) queue and ``control_endpoint`` for the OpenAPI endpoint (see
+    "Ordered queues" below). Each call is bounded tighter
     still by core's deadline: a renewal by the time left on its lease, so a
     hung request fails before the lease would have ended. Keyword form::
 
@@ -67,6 +69,30 @@ Delivery semantics:
     exactly. On receive, ``STRING``/``NUMBER``/``BOOLEAN`` values are read as
     text and ``BINARY`` values as UTF-8 (non-UTF-8 bytes from another producer
     are given as their base64 text).
+
+Ordered queues (``ordered=true``):
+    MNS's ordered (FIFO) queues keep each ``MessageGroupId`` in order and hand
+    out a group's next message only after the previous one is deleted or its
+    visibility timeout has run out (Alibaba's *Ordered messages* page, quoted in
+    ``docs/ordering.md``). With ``ordered=true``: ``capabilities.ordered`` is
+    true, ``send(..., group=...)`` sends the group as ``MessageGroupId``, every
+    message needs a group (MNS answers ``FifoMissingMessageGroupId`` without one;
+    leasekit refuses such a send before any call) and none can be delayed, and
+    ``lease.message.group`` is read back from the receive. One receive hands out
+    at most one message per group (the group's head).
+
+    Only MNS's control-plane OpenAPI (``2022-01-19``) knows queue types, so
+    ordered queues use it, through ``alibabacloud-mns-open20220119`` (part of
+    the ``aliyun-mns`` extra): ``create=True`` is ``CreateQueue`` with
+    ``QueueType=fifo``; an existing queue of that name that is not a FIFO queue
+    is refused (``QueueAlreadyExists``), since it would not keep the order; a
+    queue opened without ``create`` is checked once, before the first send or
+    receive, with ``GetQueueAttributes`` (not FIFO: ``InvalidArgument``). The
+    OpenAPI's host is ``mns-open.REGION.aliyuncs.com``, the region read from the
+    endpoint (``ACCOUNT.mns.REGION[-internal[-vpc]].aliyuncs.com``); any other
+    endpoint (the emulator) serves it itself, and ``control_endpoint=`` overrides
+    both. The poison queue of an ordered queue is an ordered queue too, each dead
+    letter in its group. Standard queues (the default) never touch the OpenAPI.
 
 Limits:
     Leases 1 s – 12 h (43,200 s), whole seconds. 16 messages per receive,
@@ -140,11 +166,12 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
+from leasekit.backends.aliyun_mns_openapi import ControlPlane
 from leasekit.capabilities import Capabilities
 from leasekit.deadline import call_timeout
 from leasekit.errors import BackendNotInstalled, InvalidURL
 from leasekit.hookspecs import hookimpl
-from leasekit.options import as_float
+from leasekit.options import as_bool, as_float
 from leasekit.redaction import install_log_redaction
 from leasekit.registry import BackendSpec
 from leasekit.spi import (
@@ -190,6 +217,12 @@ SDK_LOGGERS = ("mns", "mns_python_sdk")
 ENV_ACCESS_KEY_ID = "ALIBABA_CLOUD_ACCESS_KEY_ID"
 ENV_ACCESS_KEY_SECRET = "ALIBABA_CLOUD_ACCESS_KEY_SECRET"
 ENV_SECURITY_TOKEN = "ALIBABA_CLOUD_SECURITY_TOKEN"
+#: A data-plane host with its region: ACCOUNT.mns.REGION[-internal[-vpc]].aliyuncs.com.
+_ENDPOINT_REGION = re.compile(
+    r"^[^.]+\.mns\.([a-z0-9-]+?)(?:-internal(?:-vpc)?)?\.aliyuncs\.com$", re.IGNORECASE
+)
+#: The OpenAPI's ``QueueType`` of an ordered queue.
+FIFO_QUEUE_TYPE = "fifo"
 #: MNS queue names: 1-120 letters, digits and hyphens, starting with a letter or digit.
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,119}$")
 #: Characters an XML text node cannot carry as they are (or that XML parsers
@@ -214,6 +247,8 @@ _SECRET_OPTIONS = frozenset(
 _LEASE_LOST = frozenset({"MessageNotExist", "ReceiptHandleError"})
 _QUEUE_NOT_FOUND = frozenset({"QueueNotExist"})
 _QUEUE_EXISTS = frozenset({"QueueAlreadyExist"})
+#: An ordered queue's send without ``MessageGroupId`` (leasekit refuses it before sending).
+_MISSING_GROUP = frozenset({"FifoMissingMessageGroupId"})
 _UNAUTHENTICATED = frozenset(
     {
         "AccessDenied",
@@ -239,6 +274,7 @@ _INVALID = frozenset(
         "MissingReceiptHandle",
         "MissingVisibilityTimeout",
         "InvalidRequestURL",
+        *_MISSING_GROUP,
     }
 )
 
@@ -563,6 +599,10 @@ class AliyunMnsDriver(Driver):
         read_timeout: seconds to wait for an answer (default 10), beyond a receive's
             long poll; each call is bounded tighter by core's deadline.
         timeout: an older name for ``read_timeout``.
+        ordered: the queue is an ordered (FIFO) queue (see "Ordered queues").
+        control_endpoint: the OpenAPI endpoint ``http(s)://HOST[:PORT]`` used for
+            ordered queues (default: ``mns-open.REGION.aliyuncs.com`` for an Alibaba
+            endpoint, else the endpoint itself).
     """
 
     scheme = "aliyun-mns"
@@ -584,10 +624,14 @@ class AliyunMnsDriver(Driver):
         connect_timeout: float | str = DEFAULT_CONNECT_TIMEOUT,
         read_timeout: float | str = DEFAULT_READ_TIMEOUT,
         timeout: float | str | None = None,
+        ordered: bool | str = False,
+        control_endpoint: str | None = None,
     ) -> None:
         install_log_redaction(SDK_LOGGERS)
         self.queue = _check_queue_name(queue)
         self._endpoint = _check_endpoint(endpoint)
+        self.ordered = as_bool(ordered, "ordered")
+        control = _check_endpoint(control_endpoint) if control_endpoint is not None else None
         connect_seconds = as_float(
             connect_timeout, "connect_timeout", minimum=0.001, maximum=MAX_TIMEOUT
         )
@@ -626,6 +670,21 @@ class AliyunMnsDriver(Driver):
         self._clients = _ClientPool(self._endpoint, provider, connect_seconds, read_seconds)
         self._owns_clients = True
         self._closed = False
+        self._control: ControlPlane | None = None
+        self._fifo_checked = False
+        if self.ordered:
+            region_match = _ENDPOINT_REGION.match(urlsplit(self._endpoint).hostname or "")
+            if control is None and region_match is None:
+                control = self._endpoint  # not Alibaba's host: it serves the OpenAPI too
+            self._control = ControlPlane(
+                control,
+                region_match.group(1).lower() if region_match else None,
+                lambda: _keys(provider),
+                connect_seconds,
+                read_seconds,
+            )
+            # Every message needs a group, and a group's message cannot be delayed.
+            self.capabilities = CAPABILITIES.replace(ordered=True, max_send_delay=0.0)
 
     @classmethod
     def options_from_url(cls, url: ParsedURL) -> dict[str, Any]:
@@ -654,7 +713,8 @@ class AliyunMnsDriver(Driver):
         return options
 
     def __repr__(self) -> str:
-        return f"<AliyunMnsDriver {self._endpoint} queue={self.queue!r}>"
+        ordered = " ordered" if self.ordered else ""
+        return f"<AliyunMnsDriver {self._endpoint} queue={self.queue!r}{ordered}>"
 
     # --------------------------------------------------------------- messages
 
@@ -662,6 +722,8 @@ class AliyunMnsDriver(Driver):
         from mns.queue import Message
 
         sdk_message = Message(encode_body(message.body))
+        if self.ordered and message.group is not None:
+            sdk_message.set_message_group_id(message.group)
         if message.delay > 0:
             sdk_message.set_delayseconds(min(MAX_DELAY, _whole_seconds(message.delay)))
         for name, value in message.properties.items():
@@ -669,7 +731,17 @@ class AliyunMnsDriver(Driver):
         return sdk_message
 
     def validate(self, message: OutgoingMessage) -> None:
-        """Refuse properties MNS cannot carry (an empty value, a name that is not plain text)."""
+        """Refuse properties MNS cannot carry (an empty value, a name that is not plain text).
+
+        On an ordered queue, also a message without a group (MNS requires ``MessageGroupId``).
+        """
+        if self.ordered and message.group is None:
+            raise DriverError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"aliyun-mns: ordered queue {self.queue!r} needs a group on every message "
+                "(send(..., group=...))",
+                backend_code="FifoMissingMessageGroupId",
+            )
         for name, value in message.properties.items():
             _property_value(name, value)
 
@@ -681,6 +753,7 @@ class AliyunMnsDriver(Driver):
         from mns.mns_exception import MNSServerException
 
         sdk_messages = [self._sdk_message(message) for message in messages]
+        self._check_fifo()
         with self._clients.queue(self.queue) as sdk_queue:
             if len(sdk_messages) == 1:
                 return [str(sdk_queue.send_message(sdk_messages[0]).message_id)]
@@ -712,6 +785,7 @@ class AliyunMnsDriver(Driver):
         from mns.mns_exception import MNSServerException
 
         wait_seconds = min(MAX_WAIT, _whole_seconds(wait)) if wait > 0 else 0  # whole already
+        self._check_fifo()
         with self._clients.queue(self.queue, wait_seconds) as sdk_queue:
             try:
                 messages = sdk_queue.batch_receive_message(max_messages, wait_seconds)
@@ -731,7 +805,26 @@ class AliyunMnsDriver(Driver):
             visible_until=_ms(message.next_visible_time),
             properties=_read_properties(message.get_user_properties()),
             raw=message,
+            group=(message.message_group_id or None) if self.ordered else None,
         )
+
+    def _check_fifo(self) -> None:
+        """Once per driver, make sure a queue opened as ordered is a FIFO queue.
+
+        Raises the SDK's error (``QueueNotExist`` for a missing queue), or a
+        ``DriverError`` for a standard queue: it would not keep the order.
+        """
+        if self._control is None or self._fifo_checked:
+            return
+        queue_type = self._control.queue_type(self.queue)
+        if queue_type != FIFO_QUEUE_TYPE:
+            raise DriverError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"aliyun-mns: queue {self.queue!r} was opened with ordered=true but is a "
+                f"{queue_type!r} queue, which keeps no order; use an ordered (FIFO) queue",
+                backend_code="NotFifoQueue",
+            )
+        self._fifo_checked = True
 
     def change_visibility(
         self, receipts: Sequence[str], seconds: float
@@ -839,15 +932,37 @@ class AliyunMnsDriver(Driver):
         twin._owns_clients = False  # the driver that made the pool closes it
         twin._closed = False
         twin.capabilities = self.capabilities
+        twin.ordered = self.ordered  # an ordered queue's poison queue keeps the groups too
+        twin._control = self._control
+        twin._fifo_checked = False
         return twin
 
     # ------------------------------------------------------------------ admin
 
     def create_queue(self) -> None:
-        """``CreateQueue`` with MNS's default attributes; succeed if the queue exists."""
+        """``CreateQueue`` with MNS's default attributes; succeed if the queue exists.
+
+        An ordered queue is created through the OpenAPI (``QueueType=fifo``); one that
+        exists already must be a FIFO queue (else ``QueueAlreadyExist``).
+        """
         from mns.mns_exception import MNSServerException
         from mns.queue import QueueMeta
 
+        if self._control is not None:
+            try:
+                self._control.create_queue(self.queue, FIFO_QUEUE_TYPE)
+            except Exception as exc:
+                if _openapi_code(exc) not in _QUEUE_EXISTS:
+                    raise
+                if self._control.queue_type(self.queue) != FIFO_QUEUE_TYPE:
+                    raise DriverError(
+                        ErrorCode.QUEUE_EXISTS,
+                        f"aliyun-mns: queue {self.queue!r} exists and is not an ordered "
+                        "(FIFO) queue",
+                        backend_code="QueueAlreadyExist",
+                    ) from exc
+            self._fifo_checked = True
+            return
         with self._clients.queue(self.queue) as sdk_queue:
             try:
                 sdk_queue.create(QueueMeta())
@@ -874,11 +989,13 @@ class AliyunMnsDriver(Driver):
         return classify(exc)
 
     def backend_code(self, exc: BaseException) -> str | None:
-        """MNS's error code (``.type`` of an SDK exception)."""
+        """MNS's error code (``.type`` of an SDK exception, ``.code`` of an OpenAPI one)."""
         if isinstance(exc, DriverError):
             return exc.backend_code
         code = getattr(exc, "type", None)
-        return code if isinstance(code, str) and code else None
+        if isinstance(code, str) and code:
+            return code
+        return _openapi_code(exc)
 
     def is_retryable(self, exc: BaseException) -> bool:
         """Transient failures: the SDK does not retry, so core does."""
@@ -893,10 +1010,62 @@ class AliyunMnsDriver(Driver):
             self._clients.close()
 
 
+def _keys(provider: Any) -> tuple[str, str, str]:
+    """The current keys of an ``aliyun-mns-sdk`` credentials provider, for the OpenAPI."""
+    credentials = provider.get_credentials()
+    return (
+        str(credentials.get_access_key_id()),
+        str(credentials.get_access_key_secret()),
+        str(credentials.get_security_token() or ""),
+    )
+
+
+def _openapi_code(exc: BaseException) -> str | None:
+    """MNS's error code on an OpenAPI SDK error (``AlibabaCloudException.code``)."""
+    if type(exc).__module__.startswith(("alibabacloud_tea_openapi", "Tea", "darabonba")):
+        code = getattr(exc, "code", None)
+        return code if isinstance(code, str) and code and code != "None" else None
+    return None
+
+
+def _classify_code(code: str) -> ErrorCode | None:
+    for codes, meaning in (
+        (_LEASE_LOST, ErrorCode.LEASE_LOST),
+        (_QUEUE_NOT_FOUND, ErrorCode.QUEUE_NOT_FOUND),
+        (_QUEUE_EXISTS, ErrorCode.QUEUE_EXISTS),
+        (_UNAUTHENTICATED, ErrorCode.UNAUTHENTICATED),
+        (_UNAVAILABLE, ErrorCode.UNAVAILABLE),
+        (_INVALID, ErrorCode.INVALID_ARGUMENT),
+    ):
+        if code in codes:
+            return meaning
+    return None
+
+
+def _classify_openapi(exc: BaseException) -> ErrorCode | None:
+    """Classify an OpenAPI SDK error (``None``: not one)."""
+    module = type(exc).__module__
+    if not module.startswith(("alibabacloud_tea_openapi", "Tea", "darabonba")):
+        return None
+    if type(exc).__name__ in ("UnretryableException", "RetryError", "ThrottlingException"):
+        return ErrorCode.UNAVAILABLE  # network failure (wrapped by the SDK), or throttled
+    code = _openapi_code(exc)
+    meaning = _classify_code(code) if code is not None else None
+    if meaning is not None:
+        return meaning
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, int) and status >= 500:
+        return ErrorCode.UNAVAILABLE
+    return ErrorCode.UNKNOWN
+
+
 def classify(exc: BaseException) -> ErrorCode:
-    """The :class:`ErrorCode` an ``aliyun-mns-sdk`` error means."""
+    """The :class:`ErrorCode` an ``aliyun-mns-sdk`` (or MNS OpenAPI SDK) error means."""
     if isinstance(exc, DriverError):
         return exc.code
+    openapi_meaning = _classify_openapi(exc)
+    if openapi_meaning is not None:
+        return openapi_meaning
     from mns.mns_exception import (
         MNSClientException,
         MNSClientNetworkException,
@@ -905,20 +1074,7 @@ def classify(exc: BaseException) -> ErrorCode:
     )
 
     if isinstance(exc, MNSServerException):
-        code = exc.type
-        if code in _LEASE_LOST:
-            return ErrorCode.LEASE_LOST
-        if code in _QUEUE_NOT_FOUND:
-            return ErrorCode.QUEUE_NOT_FOUND
-        if code in _QUEUE_EXISTS:
-            return ErrorCode.QUEUE_EXISTS
-        if code in _UNAUTHENTICATED:
-            return ErrorCode.UNAUTHENTICATED
-        if code in _UNAVAILABLE:
-            return ErrorCode.UNAVAILABLE
-        if code in _INVALID:
-            return ErrorCode.INVALID_ARGUMENT
-        return ErrorCode.UNKNOWN
+        return _classify_code(exc.type) or ErrorCode.UNKNOWN
     if isinstance(exc, MNSClientNetworkException):
         # Connection failures, and responses the SDK could not read (RespDataDamaged).
         return ErrorCode.UNAVAILABLE

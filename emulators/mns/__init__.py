@@ -23,8 +23,15 @@ Receipt handles follow the documented rule that a handle expires at the
 message's NextVisibleTime: once a message's visibility lapses, its handle gets
 ``MessageNotExist`` even if nobody has received the message again.
 
-What is not emulated: topics and subscriptions, account attributes, FIFO
-queues (``MessageGroupId``), dead-letter policies, logging, QPS limits, STS
+Ordered (FIFO) queues: created through the control-plane OpenAPI
+(``2022-01-19``, ``CreateQueue`` with ``QueueType=fifo``, served on the same
+port, see :mod:`.openapi`); ``MessageGroupId`` on send and receive; the group
+lock (a group's next message only after its head is deleted or visible again);
+``FifoMissingMessageGroupId``. See :mod:`.store` for the rules and the choices
+made where Alibaba's documentation is silent.
+
+What is not emulated: topics and subscriptions, account attributes,
+dead-letter policies, logging, QPS limits, STS
 tokens, request-date skew (``TimeExpired``), durability (state is lost on
 exit). Module docstrings of :mod:`.server` and :mod:`.store` list the smaller
 choices made where MNS's documentation is silent.

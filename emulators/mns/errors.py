@@ -77,6 +77,20 @@ class MnsError(Exception):
         )
 
     @classmethod
+    def fifo_missing_message_group_id(cls) -> MnsError:
+        """Return ``FifoMissingMessageGroupId``: a send without a group to an ordered queue.
+
+        The code is documented ("若不携带MessageGroupId，将返回错误码
+        FifoMissingMessageGroupId"); its status is not: 400, like MNS's other
+        request errors, is the emulator's choice.
+        """
+        return cls(
+            "FifoMissingMessageGroupId",
+            400,
+            "The queue is a FIFO queue: every message needs a MessageGroupId.",
+        )
+
+    @classmethod
     def malformed_xml(cls) -> MnsError:
         """Return ``MalformedXML`` (400)."""
         return cls("MalformedXML", 400, "The XML you provided was not well-formed.")

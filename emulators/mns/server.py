@@ -17,6 +17,11 @@ Routes (MNS API version ``2015-06-06``, queue model only)::
     DELETE ...?ReceiptHandle=H                     DeleteMessage (204)
     DELETE ... with <ReceiptHandles> body          BatchDeleteMessage (204, or 404 + <Errors>)
 
+The control-plane OpenAPI (``2022-01-19``: ``CreateQueue`` with ``QueueType``,
+``GetQueueAttributes``, ``DeleteQueue``) is served on the same port: a request
+with an ``x-acs-action`` header goes to :mod:`.openapi`, signed and answered
+the OpenAPI way (``ACS3-HMAC-SHA256``, JSON).
+
 Every request must be signed (see :mod:`.auth`); every response carries
 ``Content-Length``, ``x-mns-request-id`` and ``x-mns-version``. Query parameter
 names are matched case-insensitively (the docs write ``receiptHandle``, the
@@ -34,8 +39,9 @@ Deviations and choices where MNS's documentation is silent:
 - Receive order is priority (1 first), then send order (MNS documents no strict order).
 - Requests http.server itself rejects (bad request line, unknown method) get
   an ``InvalidRequestURL`` error body with the status http.server chose.
-- Topics, subscriptions, account attributes, FIFO queues (``MessageGroupId``),
-  dead-letter policies, QPS limits and ``TimeExpired`` are not emulated.
+- Topics, subscriptions, account attributes, dead-letter policies, QPS limits
+  and ``TimeExpired`` are not emulated. Ordered (FIFO) queues are; the choices
+  made where their documentation is silent are listed in :mod:`.store`.
 
 Limits that keep one client from exhausting the server:
 
@@ -69,7 +75,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from urllib.parse import unquote
 
-from . import wire
+from . import openapi, wire
 from .auth import MNS_VERSION, check_digest, check_signature
 from .errors import MnsError
 from .store import MAX_SEND_BODY, Clock, MnsStore
@@ -188,19 +194,31 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {name.lower(): value for name, value in self.headers.items()}
         emulator = self.server.emulator
         base_url = f"http://{headers.get('host') or f'{emulator.host}:{emulator.port}'}"
+        action = headers.get("x-acs-action")  # the control-plane OpenAPI
+        error = wire.error_xml if action is None else openapi.error_json
         try:
-            body = self._read_body(headers)
+            body = self._read_body(headers, action is not None)
             if body is None:
                 log.debug("client went away or stalled in the middle of request %s", request_id)
                 return
-            status, payload, extra = self._dispatch(headers, body, base_url)
+            if action is None:
+                status, payload, extra = self._dispatch(headers, body, base_url)
+            else:
+                if self.command != "POST":
+                    raise MnsError("InvalidRequestURL", 400, "OpenAPI requests are POST /.")
+                status, payload = openapi.dispatch(
+                    emulator.store, action, self.path.partition("?")[2], request_id
+                )
+                extra = {}
         except MnsError as exc:
             status, extra = exc.status, {}
-            payload = wire.error_xml(exc.code, exc.message, request_id, base_url)
+            payload = error(exc.code, exc.message, request_id, base_url)
         except Exception:
             log.exception("internal error handling %s %s", self.command, self.path)
             status, extra = 500, {}
-            payload = wire.error_xml("InternalError", "Internal error.", request_id, base_url)
+            payload = error("InternalError", "Internal error.", request_id, base_url)
+        if action is not None:
+            extra = {**extra, "Content-Type": "application/json;charset=utf-8"}
         self._reply(status, payload, request_id, extra)
         if self._linger:
             self._lingering_close()
@@ -213,8 +231,10 @@ class _Handler(BaseHTTPRequestHandler):
             request_id,
         )
 
-    def _read_body(self, headers: Mapping[str, str]) -> bytes | None:
+    def _read_body(self, headers: Mapping[str, str], acs3: bool = False) -> bytes | None:
         """Authenticate the request and bound its size, then read its body.
+
+        ``acs3``: an OpenAPI request (signed ``ACS3-HMAC-SHA256``, body hash in a header).
 
         Returns:
             The body, or ``None`` if the client closed the connection or stalled past the
@@ -229,8 +249,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True  # where this request ends is unknown
             raise MnsError.invalid_argument("The Content-Length header is invalid.")
         length = int(raw_length)
+        credentials = self.server.emulator.credentials
         try:
-            check_signature(self.command, headers, self.path, self.server.emulator.credentials)
+            if acs3:
+                path, _, query = self.path.partition("?")
+                openapi.check_acs3_signature(self.command, headers, path, query, credentials)
+            else:
+                check_signature(self.command, headers, self.path, credentials)
             if length > MAX_REQUEST_BODY:
                 raise MnsError.out_of_range("Content-Length", 0, MAX_REQUEST_BODY, "bytes")
         except MnsError:
@@ -243,7 +268,10 @@ class _Handler(BaseHTTPRequestHandler):
         if len(body) < length:
             self.close_connection = True
             return None
-        check_digest(headers, body)
+        if acs3:
+            openapi.check_payload(headers, body)
+        else:
+            check_digest(headers, body)
         return body
 
     def _drop_body(self, length: int) -> None:
@@ -283,7 +311,7 @@ class _Handler(BaseHTTPRequestHandler):
     ) -> None:
         try:
             self.send_response(status)
-            if payload:
+            if payload and "Content-Type" not in (extra or {}):
                 self.send_header("Content-Type", "text/xml;charset=utf-8")
             self.send_header("Content-Length", str(len(payload)))
             self.send_header("x-mns-request-id", request_id)

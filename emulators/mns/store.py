@@ -22,6 +22,28 @@ Lifecycle (MNS "Active / Inactive / Delayed" states):
 - After ``MessageRetentionPeriod`` (counted from the enqueue time, with the
   queue's current setting) a message is gone whatever its state.
 
+Ordered (FIFO) queues — a queue created with ``QueueType=fifo`` through the
+OpenAPI (:mod:`.openapi`) — follow Alibaba's *Ordered messages* page
+(https://help.aliyun.com/zh/mns/developer-reference/sequential-message):
+
+- every message needs a ``MessageGroupId``; a send without one gets
+  ``FifoMissingMessageGroupId``;
+- within a group, messages are handed out in the order they arrived; a group's
+  earliest message still in the queue (its *head*) is the only one that can be
+  received: "once a message of a group is pulled and not yet deleted it blocks
+  the group's later messages; only after it is deleted or its visibility timeout
+  expires can the next message of the group be pulled". So one batch receive
+  returns at most one message per group, and a head whose visibility lapses is
+  the one received next;
+- different groups are independent.
+
+Where that page is silent the store chooses (docs/ordering.md lists these):
+``FifoMissingMessageGroupId`` is a 400 and refuses the whole batch; any
+non-empty group id is accepted; a ``MessageGroupId`` sent to a *standard* queue
+is ignored (neither stored nor returned); within a group priorities do not
+reorder (arrival order); a delayed head blocks its group until it is handled;
+a peek shows only what a receive could hand out (visible heads).
+
 Time comes from an injectable clock (seconds since the epoch), so tests can age
 messages without waiting; long-poll timeouts still run on the real monotonic
 clock.
@@ -46,6 +68,7 @@ __all__ = [
     "DEFAULT_ATTRIBUTES",
     "MAX_BATCH",
     "MAX_SEND_BODY",
+    "QUEUE_TYPES",
     "Clock",
     "MessageView",
     "MnsStore",
@@ -84,6 +107,8 @@ MESSAGE_DELAY_RANGE = (0, 604800)
 CHANGE_VISIBILITY_RANGE = (1, 43200)
 WAIT_SECONDS_RANGE = (0, 30)
 QUEUE_NAME_MAX = 120
+#: The OpenAPI's ``QueueType`` values: "normal: standard queue. fifo: FIFO queue."
+QUEUE_TYPES = ("normal", "fifo")
 
 _QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*\Z")
 _HANDLE_PREFIX = "1-"
@@ -110,6 +135,7 @@ class OutgoingMessage:
         priority: 1 (highest) to 16; ``None`` means 8.
         user_properties: ``UserProperties`` entries, returned on receive.
         system_properties: ``SystemProperties`` entries, returned on receive.
+        group: the ``MessageGroupId``, or ``None`` when the request had none.
     """
 
     body: str
@@ -117,14 +143,16 @@ class OutgoingMessage:
     priority: int | None = None
     user_properties: tuple[Property, ...] = ()
     system_properties: tuple[Property, ...] = ()
+    group: str | None = None
 
 
 @dataclass(frozen=True)
 class SentMessage:
-    """The result of enqueueing one message."""
+    """The result of enqueueing one message (``group``: its group on an ordered queue)."""
 
     message_id: str
     body_md5: str
+    group: str | None = None
 
 
 @dataclass(frozen=True)
@@ -133,7 +161,8 @@ class MessageView:
 
     Times are seconds since the epoch; ``receipt_handle`` and
     ``next_visible_time`` are ``None`` for peeks. ``first_dequeue_time`` is
-    ``None`` if the message was never received.
+    ``None`` if the message was never received. ``group`` is the message's
+    ``MessageGroupId`` on an ordered queue, else ``None``.
     """
 
     message_id: str
@@ -147,6 +176,7 @@ class MessageView:
     next_visible_time: float | None
     user_properties: tuple[Property, ...]
     system_properties: tuple[Property, ...]
+    group: str | None = None
 
 
 @dataclass(frozen=True)
@@ -161,6 +191,7 @@ class QueueInfo:
     active_messages: int
     inactive_messages: int
     delay_messages: int
+    queue_type: str = "normal"
 
 
 @dataclass
@@ -174,6 +205,7 @@ class _Message:
     visible_at: float
     user_properties: tuple[Property, ...]
     system_properties: tuple[Property, ...]
+    group: str | None = None
     dequeue_count: int = 0
     first_dequeue_time: float | None = None
     receipt_handle: str | None = None
@@ -191,6 +223,7 @@ class _Message:
             next_visible_time=self.visible_at if with_handle else None,
             user_properties=self.user_properties,
             system_properties=self.system_properties,
+            group=self.group,
         )
 
 
@@ -199,6 +232,7 @@ class _Queue:
     name: str
     attributes: dict[str, int]
     logging_enabled: bool
+    queue_type: str
     create_time: float
     last_modify_time: float
     cond: threading.Condition
@@ -271,6 +305,7 @@ class MnsStore:
         name: str,
         attributes: Mapping[str, int] | None = None,
         logging_enabled: bool | None = None,
+        queue_type: str = "normal",
     ) -> bool:
         """Create a queue (CreateQueue).
 
@@ -279,6 +314,8 @@ class MnsStore:
                 with a letter or digit.
             attributes: attributes by their MNS names; missing ones get defaults.
             logging_enabled: the LoggingEnabled flag; ``None`` means false.
+            queue_type: ``normal`` or ``fifo`` (an ordered queue; only the
+                OpenAPI's CreateQueue can ask for it).
 
         Returns:
             True if created; False if an identical queue already existed (MNS
@@ -287,7 +324,7 @@ class MnsStore:
         Raises:
             MnsError: ``QueueNameLengthError``/``InvalidQueueName``,
                 ``InvalidArgument``, or ``QueueAlreadyExist`` when the existing
-                queue has different attributes.
+                queue has different attributes or another type.
         """
         if len(name) > QUEUE_NAME_MAX:
             raise MnsError(
@@ -297,6 +334,8 @@ class MnsStore:
             )
         if not _QUEUE_NAME_RE.match(name):
             raise MnsError("InvalidQueueName", 400, "The queue name you provided is invalid.")
+        if queue_type not in QUEUE_TYPES:
+            raise MnsError.invalid_argument("The value of QueueType should be normal or fifo.")
         requested = dict(attributes or {})
         check_attributes(requested)
         wanted = {**DEFAULT_ATTRIBUTES, **requested}
@@ -304,7 +343,11 @@ class MnsStore:
         with self._lock:
             existing = self._queues.get(name)
             if existing is not None:
-                if existing.attributes == wanted and existing.logging_enabled == logging:
+                if (
+                    existing.attributes == wanted
+                    and existing.logging_enabled == logging
+                    and existing.queue_type == queue_type
+                ):
                     return False
                 raise MnsError.queue_already_exist()
             now = self._clock()
@@ -312,6 +355,7 @@ class MnsStore:
                 name=name,
                 attributes=wanted,
                 logging_enabled=logging,
+                queue_type=queue_type,
                 create_time=now,
                 last_modify_time=now,
                 cond=threading.Condition(self._lock),
@@ -377,6 +421,7 @@ class MnsStore:
                 active_messages=active,
                 inactive_messages=inactive,
                 delay_messages=delayed,
+                queue_type=queue.queue_type,
             )
 
     def list_queues(
@@ -412,12 +457,15 @@ class MnsStore:
             messages: 1-16 messages; all are validated before any is enqueued.
 
         Returns:
-            The id and body MD5 of each message, in order.
+            The id and body MD5 of each message (and its group on an ordered
+            queue), in order.
 
         Raises:
-            MnsError: ``QueueNotExist`` or ``InvalidArgument`` (body size outside
-                1..MaximumMessageSize bytes, bodies over :data:`MAX_SEND_BODY` bytes
-                together, delay or priority out of range, too many messages).
+            MnsError: ``QueueNotExist``, ``FifoMissingMessageGroupId`` (a message
+                without a group on an ordered queue) or ``InvalidArgument`` (body
+                size outside 1..MaximumMessageSize bytes, bodies over
+                :data:`MAX_SEND_BODY` bytes together, delay or priority out of
+                range, too many messages).
         """
         if not 1 <= len(messages) <= MAX_BATCH:
             raise MnsError.out_of_range("Messages", 1, MAX_BATCH, "messages")
@@ -437,6 +485,9 @@ class MnsStore:
                 total += size
             if total > MAX_SEND_BODY:
                 raise MnsError.out_of_range("Messages", 1, MAX_SEND_BODY, "bytes")
+            fifo = queue.queue_type == "fifo"
+            if fifo and any(not message.group for message in messages):
+                raise MnsError.fifo_missing_message_group_id()
             now = self._clock()
             sent = []
             for message in messages:
@@ -454,9 +505,10 @@ class MnsStore:
                     visible_at=now + delay,
                     user_properties=message.user_properties,
                     system_properties=message.system_properties,
+                    group=message.group if fifo else None,
                 )
                 queue.messages[stored.message_id] = stored
-                sent.append(SentMessage(stored.message_id, stored.body_md5))
+                sent.append(SentMessage(stored.message_id, stored.body_md5, stored.group))
             queue.cond.notify_all()
             return sent
 
@@ -472,7 +524,8 @@ class MnsStore:
 
         Returns:
             1 to ``count`` messages, each now hidden for VisibilityTimeout, with a
-            new receipt handle and DequeueCount increased.
+            new receipt handle and DequeueCount increased. On an ordered queue
+            only group heads are eligible: at most one message per group.
 
         Raises:
             MnsError: ``MessageNotExist`` if nothing became visible in time,
@@ -628,7 +681,21 @@ class MnsStore:
 
     @staticmethod
     def _visible(queue: _Queue, now: float) -> list[_Message]:
-        ready = [m for m in queue.messages.values() if m.visible_at <= now]
+        """The messages a receive may hand out now, in the order it hands them out.
+
+        On an ordered queue a message is eligible only as its group's head: the
+        group's earliest message still in the queue, whatever its state.
+        """
+        if queue.queue_type == "fifo":
+            heads: dict[str | None, _Message] = {}
+            for message in queue.messages.values():
+                head = heads.get(message.group)
+                if head is None or message.seq < head.seq:
+                    heads[message.group] = message
+            candidates: Iterable[_Message] = heads.values()
+        else:
+            candidates = queue.messages.values()
+        ready = [m for m in candidates if m.visible_at <= now]
         ready.sort(key=lambda m: (m.priority, m.seq))
         return ready
 
@@ -645,6 +712,9 @@ class MnsStore:
         queue.messages.pop(message.message_id, None)
         if message.receipt_handle is not None:
             queue.handles.pop(message.receipt_handle, None)
+        if message.group is not None:
+            # The group's next message is its head now: wake receivers waiting for it.
+            queue.cond.notify_all()
 
     def _purge(self, queue: _Queue, now: float) -> None:
         retention = queue.attributes["MessageRetentionPeriod"]

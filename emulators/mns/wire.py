@@ -123,6 +123,7 @@ def _message(element: ElementTree.Element) -> OutgoingMessage:
     body = ""
     delay: int | None = None
     priority: int | None = None
+    group: str | None = None
     props: dict[str, tuple[Property, ...]] = {}
     for child in element:
         name = _local(child.tag)
@@ -132,6 +133,8 @@ def _message(element: ElementTree.Element) -> OutgoingMessage:
             delay = _int(child)
         elif name == "Priority":
             priority = _int(child)
+        elif name == "MessageGroupId":
+            group = child.text or None  # an empty element is no group
         else:
             for container, item_tag in _PROPERTY_CONTAINERS:
                 if name == container:
@@ -142,6 +145,7 @@ def _message(element: ElementTree.Element) -> OutgoingMessage:
         priority=priority,
         user_properties=props.get("UserProperties", ()),
         system_properties=props.get("SystemProperties", ()),
+        group=group,
     )
 
 
@@ -217,6 +221,9 @@ def _message_fields(view: MessageView) -> str:
         ("DequeueCount", str(view.dequeue_count)),
         ("Priority", str(view.priority)),
     ]
+    if view.group is not None:
+        # "ReceiveMessage … 返回体包含MessageGroupId" (the body contains MessageGroupId).
+        pairs.append(("MessageGroupId", view.group))
     return _elements(pairs) + _properties_xml(view)
 
 
@@ -231,8 +238,18 @@ def messages_xml(views: Sequence[MessageView]) -> bytes:
 
 
 def sent_xml(sent: Sequence[SentMessage], batch: bool) -> bytes:
-    """Build the SendMessage (``<Message>``) or BatchSendMessage (``<Messages>``) answer."""
-    items = [_elements([("MessageId", s.message_id), ("MessageBodyMD5", s.body_md5)]) for s in sent]
+    """Build the SendMessage (``<Message>``) or BatchSendMessage (``<Messages>``) answer.
+
+    A message sent to an ordered queue carries its ``MessageGroupId`` (which the
+    SDKs read from the answer when present).
+    """
+    items = [
+        _elements(
+            [("MessageId", s.message_id), ("MessageBodyMD5", s.body_md5)]
+            + ([("MessageGroupId", s.group)] if s.group is not None else [])
+        )
+        for s in sent
+    ]
     if not batch:
         return _document("Message", items[0])
     return _document("Messages", "".join(f"<Message>{i}</Message>" for i in items))
