@@ -530,7 +530,9 @@ class LeaseOperations:
         receipt = lease.receipt
         with deadline(self.lease_timeout([lease], limit, settle=False)):
             if write:
-                queue._call("set_group_state", partial(queue.driver.set_group_state, receipt, state))
+                queue._call(
+                    "set_group_state", partial(queue.driver.set_group_state, receipt, state)
+                )
                 return None
             return queue._call("group_state", partial(queue.driver.group_state, receipt))
 

@@ -1154,7 +1154,9 @@ def _operation_timeout(link: Any) -> float:
         value = props.get(symbol(OPERATION_TIMEOUT), props.get(OPERATION_TIMEOUT))
     except Exception:  # undecodable properties: the default
         value = None
-    return int(value) / 1000.0 if isinstance(value, int) and value > 0 else DEFAULT_OPERATION_TIMEOUT
+    return (
+        int(value) / 1000.0 if isinstance(value, int) and value > 0 else DEFAULT_OPERATION_TIMEOUT
+    )
 
 
 def _dead_letter_details(condition: Condition | None) -> tuple[str | None, str | None]:

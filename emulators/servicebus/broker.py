@@ -186,7 +186,7 @@ class SubQueue:
 
     @property
     def sessionful(self) -> bool:
-        """Whether this sub-queue keeps sessions (the active messages of a RequiresSession queue)."""
+        """Whether this sub-queue keeps sessions (a RequiresSession queue's active messages)."""
         return self.queue.properties.requires_session and not self.is_dead_letter
 
     @property
@@ -592,9 +592,7 @@ class SubQueue:
             self.queue.dead_letter._adopt(message)
         return message
 
-    def defer(
-        self, token: uuid.UUID, now: float, *, session: str | None = None
-    ) -> StoredMessage:
+    def defer(self, token: uuid.UUID, now: float, *, session: str | None = None) -> StoredMessage:
         """Set the locked message aside; only receive-by-sequence-number gets it.
 
         Raises:
