@@ -1320,6 +1320,8 @@ class ServiceBusDriver(Driver):
             admin.delete_queue(self.queue)
         with self._held_lock:
             self._held.clear()
+        if self._sessions is not None:
+            self._sessions.close()
         self._entity_missing = True
 
     def _admin_client(self) -> Any:
