@@ -5,7 +5,8 @@ URLs:
     ``NAMESPACE`` gets ``.servicebus.windows.net`` added). Query options:
     ``lock_duration`` (seconds, see Limits), ``max_message_size``, ``max_wait``,
     ``retry_total``, ``sessions`` (``true`` for a ``RequiresSession`` queue: ordered
-    groups, see :mod:`.azure_service_bus_sessions`), ``read_timeout`` (seconds an
+    groups, see :mod:`.azure_service_bus_sessions`), ``session`` (lease only this
+    named session), ``read_timeout`` (seconds an
     operation may wait for the
     service's answer, default 10: the SDK's ``timeout`` and ``try_timeout``; a
     renewal is bounded tighter, by the time left on its lease). The SDK opens
@@ -571,6 +572,8 @@ class ServiceBusDriver(Driver):
             queue management (default 5300, Microsoft's emulator's).
         sessions: the queue requires sessions (``RequiresSession``): ``group`` is the
             session id, and leasing accepts sessions (:mod:`.azure_service_bus_sessions`).
+        session: with ``sessions``, lease only this named session (default: the next
+            available one).
     """
 
     scheme = "azure-service-bus"
@@ -592,6 +595,7 @@ class ServiceBusDriver(Driver):
         read_timeout: float | str = DEFAULT_READ_TIMEOUT,
         admin_port: int | str = DEFAULT_ADMIN_PORT,
         sessions: bool | str = False,
+        session: str | None = None,
     ) -> None:
         install_log_redaction(SDK_LOGGERS)
         parts: dict[str, str] = {}
@@ -673,6 +677,16 @@ class ServiceBusDriver(Driver):
         )
         self._max_message_size = size
         self.sessions = as_bool(sessions, "sessions", error=InvalidArgument)
+        self.session = session
+        if session is not None:
+            as_text(session, "session")
+            if not 1 <= len(session) <= 128 or not all("!" <= c <= "~" for c in session):
+                raise InvalidArgument(
+                    "azure-service-bus: session must be 1 to 128 letters, digits and ASCII "
+                    f"punctuation (a group name), got {session!r}"
+                )
+            if not self.sessions:
+                raise InvalidArgument("azure-service-bus: session=... needs sessions=true")
         self._sessions: Any = None
         if self.sessions:
             from .azure_service_bus_sessions import SessionReceivers
@@ -713,6 +727,7 @@ class ServiceBusDriver(Driver):
             "read_timeout",
             "admin_port",
             "sessions",
+            "session",
         }
         unknown = sorted(set(url.query) - allowed)
         if unknown:

@@ -6,7 +6,8 @@ leasekit's ``group`` is the Service Bus ``SessionId``.
 Delivery semantics:
     A receive accepts the next available session (``NEXT_AVAILABLE_SESSION``: an
     unlocked session with an available message; none within the wait is an empty
-    receive) on a receiver of its own, and takes up to ``max_messages`` of that
+    receive), or the one named by the ``session`` option (held elsewhere: an empty
+    receive), on a receiver of its own, and takes up to ``max_messages`` of that
     session's messages, in order. The receiver, and so the session lock, is kept
     while any lease of the session is held: no other receiver, here or elsewhere,
     gets a message of the session meanwhile, which is leasekit's group rule 1.
@@ -28,7 +29,11 @@ Delivery semantics:
 Limits:
     One session per receive call; each session receiver is an AMQP connection of
     its own (the SDK does not share connections), opened when the session is
-    accepted and closed when it is released.
+    accepted (about 0.5 s: the SDK polls its handshake every 50 ms) and closed when
+    it is released. Closing sends the detach at once (the session is released
+    then) and then waits for the SDK's keep-alive thread, which sleeps in 1 s steps
+    (with ``prefetch_count=0`` the SDK always starts one): that wait runs on a
+    closer thread, off the settle's path; :meth:`SessionReceivers.close` joins them.
 """
 
 from __future__ import annotations
@@ -62,6 +67,9 @@ ACCEPT_SLACK = 1.0
 #: How long a receive waits for the accepted session's messages: they are
 #: available (that is what made the session available), so this is a few reads.
 FIRST_MESSAGES_WAIT = 1.0
+#: Longest wait for one receiver's close at the driver's close (the SDK's
+#: keep-alive thread ends within about 1 s).
+CLOSE_TIMEOUT = 5.0
 
 
 @dataclass(eq=False)
@@ -89,13 +97,14 @@ class SessionReceivers:
         self._lock = threading.Lock()
         self._by_token: dict[str, _Session] = {}
         self._sessions: list[_Session] = []
+        self._closers: list[threading.Thread] = []
 
     # -------------------------------------------------------------- receive
 
     def receive(self, max_messages: int, wait: float) -> list[RawMessage]:
         """Accept the next available session and take up to ``max_messages`` of it, in order."""
         from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusReceiveMode
-        from azure.servicebus.exceptions import OperationTimeoutError
+        from azure.servicebus.exceptions import OperationTimeoutError, SessionCannotBeLockedError
 
         driver = self._driver
         self._drop_expired(time.time())
@@ -104,7 +113,7 @@ class SessionReceivers:
             client = driver._get_client()
         receiver = client.get_queue_receiver(
             driver.queue,
-            session_id=NEXT_AVAILABLE_SESSION,
+            session_id=driver.session or NEXT_AVAILABLE_SESSION,
             receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
             prefetch_count=0,
             max_wait_time=accept_wait,
@@ -112,9 +121,9 @@ class SessionReceivers:
         )
         try:
             _open_handler(receiver, min(accept_wait + ACCEPT_SLACK, driver._left()))
-        except OperationTimeoutError:
+        except (OperationTimeoutError, SessionCannotBeLockedError):
             _close(receiver)
-            return []  # no session available within the wait
+            return []  # no session available within the wait (or the named one is held)
         except BaseException:
             _close(receiver)
             raise
@@ -153,7 +162,7 @@ class SessionReceivers:
             for session in ended:
                 self._forget(session)
         for session in ended:
-            _close(session.receiver)
+            self._close_later(session.receiver)
 
     def _forget(self, session: _Session) -> None:
         """Drop ``session`` and its tokens (``_lock`` held)."""
@@ -182,7 +191,17 @@ class SessionReceivers:
         session.lost = exc
         with self._lock:
             self._forget(session)
-        _close(session.receiver)
+        self._close_later(session.receiver)
+
+    def _close_later(self, receiver: Any) -> None:
+        """Close ``receiver`` on a closer thread (the detach goes out at once)."""
+        closer = threading.Thread(
+            target=_close, args=(receiver,), name="leasekit-sb-session-close", daemon=True
+        )
+        with self._lock:
+            self._closers = [t for t in self._closers if t.is_alive()]
+            self._closers.append(closer)
+        closer.start()
 
     # --------------------------------------------------------------- renew
 
@@ -244,7 +263,7 @@ class SessionReceivers:
             if done:
                 self._forget(session)
         if done:
-            _close(session.receiver)  # the last lease of the session: release it
+            self._close_later(session.receiver)  # the last lease of the session: release it
 
     # --------------------------------------------------------------- state
 
@@ -264,13 +283,20 @@ class SessionReceivers:
     # --------------------------------------------------------------- close
 
     def close(self) -> None:
-        """Close every session receiver (the sessions are released)."""
+        """Close every session receiver (the sessions are released); wait for the closers."""
         with self._lock:
             sessions = list(self._sessions)
             self._sessions.clear()
             self._by_token.clear()
+            closers = list(self._closers)
+            self._closers.clear()
         for session in sessions:
-            _close(session.receiver)
+            self._close_later(session.receiver)
+        with self._lock:
+            closers += self._closers
+            self._closers.clear()
+        for closer in closers:
+            closer.join(CLOSE_TIMEOUT)
 
 
 def _close(receiver: Any) -> None:

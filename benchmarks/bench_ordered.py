@@ -28,10 +28,12 @@ sessions
                        in batches of 100; then, until drained: accept the next
                        available session (``NEXT_AVAILABLE_SESSION``, ``max_wait_time``
                        1 s, prefetch 0), ``receive_messages(32, max_wait_time=1)``,
-                       ``complete_message`` each, close the receiver (session released)
+                       ``complete_message`` each, close the receiver (session
+                       released), as the SDK's samples do (``with receiver:``)
     leasekit           ``send_many(bodies, group=g)``; ``lease(32, wait=1)`` (which
                        accepts the next available session) then ``complete_many``
-                       (the last settle closes the session receiver)
+                       (the last settle releases the session; the SDK's close,
+                       which waits for its keep-alive thread, runs on a closer thread)
 
 groups
     ``leasekit.Consumer`` on an in-memory queue (``--concurrency`` threads) runs
@@ -253,7 +255,10 @@ def sb_raw_consume(client: Any, queue: str, total: int) -> int:
     while done < total:
         try:
             receiver = client.get_queue_receiver(
-                queue, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1, prefetch_count=0
+                queue,
+                session_id=NEXT_AVAILABLE_SESSION,
+                max_wait_time=1,
+                prefetch_count=0,
             )
             with receiver:
                 messages = receiver.receive_messages(max_message_count=SB_BATCH, max_wait_time=1)

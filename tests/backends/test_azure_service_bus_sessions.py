@@ -281,3 +281,25 @@ def test_consumer_keeps_group_order_on_sessions(servicebus_server: Any, face: st
     finally:
         queue.delete_queue()
         queue.close()
+
+
+def test_session_option_leases_only_the_named_session(
+    sessions: Queue, servicebus_server: Any
+) -> None:
+    sessions.send_many([b"a1"], group="A")
+    sessions.send_many([b"b1", b"b2"], group="B")
+    with _open(servicebus_server, sessions.name, session="B") as only_b:
+        assert only_b.driver.session == "B"  # type: ignore[attr-defined]
+        leases = only_b.lease(10, wait=MAX_WAIT)
+        assert [lease.message.body for lease in leases] == [b"b1", b"b2"]
+        # Held by this lease: the named session is not available (an empty lease).
+        assert only_b.lease(10, wait=1) == []
+        only_b.complete_many(leases)
+        assert only_b.lease(10, wait=1) == []  # A is not its session
+    [a1] = sessions.lease(1, wait=MAX_WAIT)
+    assert a1.message.body == b"a1"
+    a1.complete()
+    with pytest.raises(InvalidArgument, match="sessions=true"):
+        _open(servicebus_server, sessions.name, sessions=False, session="B", create=False)
+    with pytest.raises(InvalidArgument, match="session must be"):
+        _open(servicebus_server, sessions.name, session="has space", create=False)
