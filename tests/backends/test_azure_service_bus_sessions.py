@@ -303,3 +303,19 @@ def test_session_option_leases_only_the_named_session(
         _open(servicebus_server, sessions.name, sessions=False, session="B", create=False)
     with pytest.raises(InvalidArgument, match="session must be"):
         _open(servicebus_server, sessions.name, session="has space", create=False)
+
+
+def test_group_state_through_asyncio(sessions: Queue, servicebus_server: Any) -> None:
+    async def main() -> tuple[bytes | None, bytes | None]:
+        # A handle of its own (closing the AsyncQueue closes it; the fixture's stays open).
+        own = _open(servicebus_server, sessions.name)
+        async with leasekit.aio.AsyncQueue(own) as aqueue:
+            await aqueue.send(b"a1", group="A")
+            [lease] = await aqueue.lease(1, wait=MAX_WAIT)
+            before = await lease.group_state()
+            await lease.set_group_state(b"done")
+            after = await lease.group_state()
+            await lease.complete()
+            return before, after
+
+    assert asyncio.run(main()) == (None, b"done")
