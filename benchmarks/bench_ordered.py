@@ -288,7 +288,7 @@ def measure_sessions(name: str, server: Any, messages: int, groups: int) -> dict
     from leasekit.emulators.servicebus import admin_client, connection_string
 
     host, port, http_port = server
-    queue_name = f"bench-{name}-{secrets.token_hex(3)}"
+    queue_name = f"bench-sessions-{secrets.token_hex(4)}"
     with admin_client(host, http_port) as admin:
         import datetime
 
