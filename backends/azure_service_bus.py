@@ -4,7 +4,10 @@ URLs:
     ``azure-service-bus://NAMESPACE.servicebus.windows.net/QUEUE`` (a bare
     ``NAMESPACE`` gets ``.servicebus.windows.net`` added). Query options:
     ``lock_duration`` (seconds, see Limits), ``max_message_size``, ``max_wait``,
-    ``retry_total``, ``read_timeout`` (seconds an operation may wait for the
+    ``retry_total``, ``sessions`` (``true`` for a ``RequiresSession`` queue: ordered
+    groups, see :mod:`.azure_service_bus_sessions`), ``session`` (lease only this
+    named session), ``read_timeout`` (seconds an
+    operation may wait for the
     service's answer, default 10: the SDK's ``timeout`` and ``try_timeout``; a
     renewal is bounded tighter, by the time left on its lease). The SDK opens
     connections with a fixed 1 s connect timeout. Credentials are keyword options
@@ -148,9 +151,9 @@ from typing import Any
 from leasekit.capabilities import Capabilities
 from leasekit.clock import to_datetime
 from leasekit.deadline import DeadlineExceeded, call_timeout, check_deadline
-from leasekit.errors import BackendNotInstalled, InvalidURL
+from leasekit.errors import BackendNotInstalled, InvalidArgument, InvalidURL
 from leasekit.hookspecs import hookimpl
-from leasekit.options import as_float, as_int, as_text
+from leasekit.options import as_bool, as_float, as_int, as_text
 from leasekit.redaction import Secret as _Secret
 from leasekit.redaction import install_log_redaction
 from leasekit.registry import BackendSpec
@@ -567,6 +570,10 @@ class ServiceBusDriver(Driver):
             10); renewals are bounded tighter, by core's deadline.
         admin_port: with ``UseDevelopmentEmulator=true``, the emulator's HTTP port for
             queue management (default 5300, Microsoft's emulator's).
+        sessions: the queue requires sessions (``RequiresSession``): ``group`` is the
+            session id, and leasing accepts sessions (:mod:`.azure_service_bus_sessions`).
+        session: with ``sessions``, lease only this named session (default: the next
+            available one).
     """
 
     scheme = "azure-service-bus"
@@ -587,6 +594,8 @@ class ServiceBusDriver(Driver):
         retry_total: int | str = 0,
         read_timeout: float | str = DEFAULT_READ_TIMEOUT,
         admin_port: int | str = DEFAULT_ADMIN_PORT,
+        sessions: bool | str = False,
+        session: str | None = None,
     ) -> None:
         install_log_redaction(SDK_LOGGERS)
         parts: dict[str, str] = {}
@@ -667,6 +676,22 @@ class ServiceBusDriver(Driver):
             read_timeout, "read_timeout", minimum=0.001, maximum=MAX_READ_TIMEOUT
         )
         self._max_message_size = size
+        self.sessions = as_bool(sessions, "sessions", error=InvalidArgument)
+        self.session = session
+        if session is not None:
+            as_text(session, "session")
+            if not 1 <= len(session) <= 128 or not all("!" <= c <= "~" for c in session):
+                raise InvalidArgument(
+                    "azure-service-bus: session must be 1 to 128 letters, digits and ASCII "
+                    f"punctuation (a group name), got {session!r}"
+                )
+            if not self.sessions:
+                raise InvalidArgument("azure-service-bus: session=... needs sessions=true")
+        self._sessions: Any = None
+        if self.sessions:
+            from .azure_service_bus_sessions import SessionReceivers
+
+            self._sessions = SessionReceivers(self)
         self._client: Any = None
         self._sender: Any = None
         self._receiver: Any = None
@@ -687,6 +712,8 @@ class ServiceBusDriver(Driver):
             fixed_lease=lock,
             max_message_size=size - HEADER_ROOM,
             max_wait=wait,
+            ordered=self.sessions,
+            group_state=self.sessions,
         )
 
     @classmethod
@@ -699,6 +726,8 @@ class ServiceBusDriver(Driver):
             "retry_total",
             "read_timeout",
             "admin_port",
+            "sessions",
+            "session",
         }
         unknown = sorted(set(url.query) - allowed)
         if unknown:
@@ -716,7 +745,7 @@ class ServiceBusDriver(Driver):
     def __repr__(self) -> str:
         return (
             f"<ServiceBusDriver queue={self.queue!r} namespace={self.namespace!r} "
-            f"lock_duration={self.lock_duration:g}>"
+            f"lock_duration={self.lock_duration:g}{' sessions' if self.sessions else ''}>"
         )
 
     # ------------------------------------------------------------- connection
@@ -781,6 +810,8 @@ class ServiceBusDriver(Driver):
         from azure.servicebus import ServiceBusMessage
 
         kwargs: dict[str, Any] = {"message_id": str(uuid.uuid4())}
+        if message.group is not None:
+            kwargs["session_id"] = message.group
         if message.properties:
             kwargs["application_properties"] = dict(message.properties)
         if message.ttl is not None:
@@ -790,6 +821,15 @@ class ServiceBusDriver(Driver):
                 datetime.UTC
             ) + datetime.timedelta(seconds=message.delay)
         return ServiceBusMessage(message.body, **kwargs)
+
+    def validate(self, message: OutgoingMessage) -> None:
+        """A ``RequiresSession`` queue takes only messages with a session id (a ``group``)."""
+        if self.sessions and message.group is None:
+            raise DriverError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"azure-service-bus: queue {self.queue!r} requires sessions: send each "
+                "message with group=... (its session id)",
+            )
 
     def send(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
         """``send_messages`` of one, or ``ServiceBusMessageBatch`` sends split at the size limit.
@@ -854,6 +894,8 @@ class ServiceBusDriver(Driver):
         like any other backend's, and the connection is dropped so the next
         call opens a new one.
         """
+        if self._sessions is not None:
+            return list(self._sessions.receive(max_messages, wait))
         if not self._gate.take_turn(max(wait, 0.0)):
             return []
         try:
@@ -989,6 +1031,9 @@ class ServiceBusDriver(Driver):
         connection. A message whose connection is gone (see :meth:`_check_connection`)
         is ``LeaseLost`` at once: Service Bus cannot settle it any more.
         """
+        if self._sessions is not None:
+            self._sessions.settle(receipt, action, **kwargs)
+            return
         held = self._lookup(receipt)
         try:
             self._check_connection(held)
@@ -1051,6 +1096,8 @@ class ServiceBusDriver(Driver):
         find which. A lease whose receiving connection is gone is ``LeaseLost``
         without a call (:meth:`_check_connection`).
         """
+        if self._sessions is not None:
+            return list(self._sessions.renew(receipts))
         results: list[Visibility | BaseException | None] = [None] * len(receipts)
         groups: dict[int, list[tuple[int, _Held]]] = {}
         for index, receipt in enumerate(receipts):
@@ -1146,6 +1193,20 @@ class ServiceBusDriver(Driver):
     def dead_letter(self, receipt: str, reason: str, message: RawMessage) -> None:
         """``dead_letter_message`` with ``reason`` as the DeadLetterReason."""
         self._settle(receipt, "dead_letter_message", reason=reason)
+
+    def group_state(self, receipt: str) -> bytes | None:
+        """The session state of the leased message's session (sessions only)."""
+        if self._sessions is None:
+            return super().group_state(receipt)
+        state: bytes | None = self._sessions.group_state(receipt)
+        return state
+
+    def set_group_state(self, receipt: str, state: bytes | None) -> None:
+        """Set the session state of the leased message's session (sessions only)."""
+        if self._sessions is None:
+            super().set_group_state(receipt, state)
+            return
+        self._sessions.set_group_state(receipt, state)
 
     def dead_letters(self, limit: int) -> list[DeadLetter]:
         """Peek up to ``limit`` messages of ``<queue>/$deadletterqueue`` (nothing is settled)."""
@@ -1243,10 +1304,20 @@ class ServiceBusDriver(Driver):
         with self._admin_client() as admin:
             try:
                 admin.create_queue(
-                    self.queue, lock_duration=datetime.timedelta(seconds=self.lock_duration)
+                    self.queue,
+                    lock_duration=datetime.timedelta(seconds=self.lock_duration),
+                    requires_session=self.sessions,
                 )
             except ResourceExistsError:
-                existing = admin.get_queue(self.queue).lock_duration
+                properties = admin.get_queue(self.queue)
+                if bool(properties.requires_session) != self.sessions:
+                    raise DriverError(
+                        ErrorCode.INVALID_ARGUMENT,
+                        f"azure-service-bus: queue {self.queue!r} exists with RequiresSession="
+                        f"{bool(properties.requires_session)}; open it with "
+                        f"sessions={str(bool(properties.requires_session)).lower()}",
+                    ) from None
+                existing = properties.lock_duration
                 seconds = existing.total_seconds() if existing is not None else None
                 if seconds is not None and abs(seconds - self.lock_duration) > 1e-3:
                     raise DriverError(
@@ -1264,6 +1335,8 @@ class ServiceBusDriver(Driver):
             admin.delete_queue(self.queue)
         with self._held_lock:
             self._held.clear()
+        if self._sessions is not None:
+            self._sessions.close()
         self._entity_missing = True
 
     def _admin_client(self) -> Any:
@@ -1336,6 +1409,8 @@ class ServiceBusDriver(Driver):
         if self._closed:
             return
         self._closed = True
+        if self._sessions is not None:
+            self._sessions.close()
         with self._gate.priority(None), self._send_lock, self._setup_lock:
             handlers = [self._receiver, self._sender, self._client]
             self._receiver = self._sender = self._client = None

@@ -1,6 +1,7 @@
-"""Benchmark ordered delivery: SQS FIFO on moto against raw boto3, and the Consumer per group count.
+"""Benchmark ordered delivery: SQS FIFO, MNS and Service Bus sessions vs their raw SDKs; groups.
 
-Parts (``--part fifo``, ``--part groups``, ``--part mns``; ``both`` is fifo and groups):
+Parts (``--part fifo``, ``--part sessions``, ``--part groups``, ``--part mns``; ``both`` is
+fifo and groups, ``all`` is fifo, sessions and groups):
 
 fifo
     One moto server (``python -m moto.server``) on a free loopback port; each
@@ -15,6 +16,27 @@ fifo
                        then one ``delete_message_batch``
     leasekit           ``send_many(bodies, group=g)``; ``lease(10, wait=1)`` then
                        ``complete_many`` (one ``DeleteMessageBatch``)
+
+sessions
+    leasekit's Service Bus emulator (``python -m leasekit.emulators.servicebus``) on
+    free loopback ports; each run gets a fresh ``RequiresSession`` queue (LockDuration
+    30 s) and moves ``--sb-messages`` messages spread over ``--sb-groups`` sessions
+    (sent per session, timed: send rate), then drains it (timed: consume rate). The
+    two sides alternate (raw, leasekit, raw, leasekit...) ``--repeat`` times; the
+    table shows medians and the spread (min-max) of the consume ratio per pair.
+
+    raw SDK            per session ``send_messages`` of ``ServiceBusMessage(session_id=)``
+                       in batches of 100; then, until drained: accept the next
+                       available session (``NEXT_AVAILABLE_SESSION``, ``max_wait_time``
+                       1 s, prefetch 0), ``receive_messages(32, max_wait_time=1)``,
+                       ``complete_message`` each, close the receiver (session
+                       released), as the SDK's samples do (``with receiver:``)
+    raw, close off path  the same, but each ``receiver.close()`` on a thread of its own
+                       (the SDK's close waits for its keep-alive thread, up to 1 s)
+    leasekit           ``send_many(bodies, group=g)``; ``lease(32, wait=1)`` (which
+                       accepts the next available session) then ``complete_many``
+                       (the last settle releases the session; the SDK's close,
+                       which waits for its keep-alive thread, runs on a closer thread)
 
 groups
     ``leasekit.Consumer`` on an in-memory queue (``--concurrency`` threads) runs
@@ -535,6 +557,170 @@ def mns_calls_part(args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------ sessions part
+
+#: The LockDuration of the benchmark's session queues: long enough that no lock
+#: ends during a run (renewal is not what is measured).
+SB_LOCK = 30.0
+#: Messages per receive, both sides (the driver's MAX_RECEIVE).
+SB_BATCH = 32
+
+
+def sb_raw_send(client: Any, queue: str, by_group: dict[str, list[bytes]]) -> None:
+    from azure.servicebus import ServiceBusMessage
+
+    with client.get_queue_sender(queue) as sender:
+        for group, bodies in by_group.items():
+            for start in range(0, len(bodies), 100):
+                chunk = bodies[start : start + 100]
+                sender.send_messages([ServiceBusMessage(b, session_id=group) for b in chunk])
+
+
+def sb_raw_consume(client: Any, queue: str, total: int, *, close_off_path: bool = False) -> int:
+    import threading
+
+    from azure.servicebus import NEXT_AVAILABLE_SESSION
+    from azure.servicebus.exceptions import OperationTimeoutError
+
+    done = 0
+    closers: list[threading.Thread] = []
+    while done < total:
+        receiver = client.get_queue_receiver(
+            queue,
+            session_id=NEXT_AVAILABLE_SESSION,
+            max_wait_time=1,
+            prefetch_count=0,
+        )
+        try:
+            receiver.__enter__()
+            messages = receiver.receive_messages(max_message_count=SB_BATCH, max_wait_time=1)
+            for message in messages:
+                receiver.complete_message(message)
+            done += len(messages)
+        except OperationTimeoutError:
+            pass  # no session available yet
+        if close_off_path:
+            closers.append(threading.Thread(target=receiver.close))
+            closers[-1].start()
+        else:
+            receiver.close()
+    for closer in closers:
+        closer.join()
+    return done
+
+
+def measure_sessions(name: str, server: Any, messages: int, groups: int) -> dict[str, float]:
+    from azure.servicebus import ServiceBusClient
+
+    from leasekit.emulators.servicebus import admin_client, connection_string
+
+    host, port, http_port = server
+    queue_name = f"bench-sessions-{secrets.token_hex(4)}"
+    with admin_client(host, http_port) as admin:
+        import datetime
+
+        admin.create_queue(
+            queue_name,
+            requires_session=True,
+            lock_duration=datetime.timedelta(seconds=SB_LOCK),
+        )
+    conn = connection_string(host, port)
+    by_group = _groups_of(_bodies(messages), groups)
+    cpu0 = time.process_time()
+    if name != "leasekit":
+        with ServiceBusClient.from_connection_string(conn) as client:
+            t0 = time.perf_counter()
+            sb_raw_send(client, queue_name, by_group)
+            t1 = time.perf_counter()
+            sb_raw_consume(client, queue_name, messages, close_off_path=name != "raw")
+            t2 = time.perf_counter()
+    else:
+        queue = leasekit.open(
+            "azure-service-bus",
+            queue=queue_name,
+            connection_string=conn,
+            lock_duration=SB_LOCK,
+            admin_port=http_port,
+            sessions=True,
+        )
+        try:
+            t0 = time.perf_counter()
+            lk_send(queue, by_group)
+            t1 = time.perf_counter()
+            done = 0
+            while done < messages:
+                leases = queue.lease(SB_BATCH, wait=1)
+                if leases:
+                    queue.complete_many(leases)
+                    done += len(leases)
+            t2 = time.perf_counter()
+        finally:
+            queue.close()
+    cpu = time.process_time() - cpu0
+    with admin_client(host, http_port) as admin:
+        admin.delete_queue(queue_name)
+    return {
+        "send/s": messages / (t1 - t0),
+        "consume/s": messages / (t2 - t1),
+        "client CPU us/msg": cpu / messages * 1e6,
+    }
+
+
+def sessions_part(args: argparse.Namespace) -> str:
+    port, http_port = free_port(), free_port()
+    argv = python_module(
+        "leasekit.emulators.servicebus",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--http-port",
+        str(http_port),
+        "--log-level",
+        "WARNING",
+    )
+    runs: dict[str, list[dict[str, float]]] = {"raw": [], "raw, close off path": [], "leasekit": []}
+    with ServerProcess(argv, port, name="servicebus-emulator"):
+        server = ("127.0.0.1", port, http_port)
+        measure_sessions("raw", server, min(args.sb_messages, 64), args.sb_groups)  # warm-up
+        for _ in range(args.repeat):
+            for name in runs:  # turns alternate: raw, raw off path, leasekit, raw...
+                runs[name].append(measure_sessions(name, server, args.sb_messages, args.sb_groups))
+    medians = {
+        name: {key: statistics.median(r[key] for r in rs) for key in rs[0]}
+        for name, rs in runs.items()
+    }
+    pair_ratios = {
+        base: [
+            lk["consume/s"] / raw["consume/s"]
+            for raw, lk in zip(runs[base], runs["leasekit"], strict=True)
+        ]
+        for base in ("raw", "raw, close off path")
+    }
+    raw = medians["raw"]
+    lines = [
+        f"Service Bus sessions on leasekit's emulator: {args.sb_messages} messages in "
+        f"{args.sb_groups} sessions, {SB_BATCH} per receive, median of {args.repeat} "
+        "alternating runs",
+        "",
+        "| scenario | send/s | vs raw | consume/s | vs raw | client CPU us/msg |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, m in medians.items():
+        lines.append(
+            f"| {name} | {m['send/s']:.0f} | {m['send/s'] / raw['send/s']:.2f} | "
+            f"{m['consume/s']:.0f} | {m['consume/s'] / raw['consume/s']:.2f} | "
+            f"{m['client CPU us/msg']:.0f} |"
+        )
+    lines.append("")
+    for base, ratios in pair_ratios.items():
+        lines.append(
+            f"leasekit / {base} consume, per round: median {statistics.median(ratios):.2f}, "
+            f"min {min(ratios):.2f}, max {max(ratios):.2f}"
+        )
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------- groups part
 
 
@@ -593,22 +779,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--part",
-        choices=["fifo", "groups", "mns", "mns-cpu", "mns-calls", "both"],
+        choices=["fifo", "sessions", "groups", "mns", "mns-cpu", "mns-calls", "both", "all"],
         default="both",
     )
     parser.add_argument("--messages", type=int, default=500, help="FIFO messages per run")
     parser.add_argument("--depth", type=int, default=100, help="FIFO messages per round")
     parser.add_argument("--groups", type=int, default=10, help="FIFO groups")
     parser.add_argument("--repeat", type=int, default=3, help="runs per scenario; median kept")
+    parser.add_argument("--sb-messages", type=int, default=400, help="session messages per run")
+    parser.add_argument("--sb-groups", type=int, default=10, help="Service Bus sessions")
     parser.add_argument("--consumer-messages", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--handler-ms", type=float, default=2.0)
     args = parser.parse_args()
     print(f"# {platform.python_version()} on {platform.machine()}, {os.cpu_count()} cores")
     parts: list[Callable[[argparse.Namespace], str]] = []
-    if args.part in ("fifo", "both"):
+    if args.part in ("fifo", "both", "all"):
         parts.append(fifo_part)
-    if args.part in ("groups", "both"):
+    if args.part in ("sessions", "all"):
+        parts.append(sessions_part)
+    if args.part in ("groups", "both", "all"):
         parts.append(groups_part)
     if args.part == "mns":
         parts.append(mns_part)

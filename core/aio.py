@@ -677,6 +677,15 @@ class AsyncLease:
         """
         await self._queue._run(self._lease.checkpoint, data)
 
+    async def group_state(self) -> bytes | None:
+        """The state kept with the message's group (see :meth:`Lease.group_state`)."""
+        state: bytes | None = await self._queue._run(self._lease.group_state)
+        return state
+
+    async def set_group_state(self, state: bytes | None) -> None:
+        """Replace the state kept with the message's group (:meth:`Lease.set_group_state`)."""
+        await self._queue._run(self._lease.set_group_state, state)
+
     async def complete(self) -> None:
         """Delete the message: it is never delivered again (see :meth:`Lease.complete`)."""
         await self._queue._run(self._lease.complete)

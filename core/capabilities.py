@@ -103,6 +103,10 @@ class Capabilities:
     #: messages come in the order they were sent, and a head whose lease ended
     #: comes back first (see ``docs/ordering.md``). ``False``: ``group`` is refused.
     ordered: bool = False
+    #: The backend keeps a state per ordered group that the holder of a lease of
+    #: that group may read and replace (``Lease.group_state()`` /
+    #: ``Lease.set_group_state()``; Service Bus session state).
+    group_state: bool = False
     #: The backend drops a second message with the same deduplication id within
     #: its window, and takes the caller's id (``send(..., dedup_key=...)``; SQS FIFO).
     deduplicates: bool = False

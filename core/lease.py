@@ -187,6 +187,20 @@ class Lease:
         """
         self._queue.checkpoint(self, data)
 
+    def group_state(self) -> bytes | None:
+        """The state kept with this message's group (Service Bus session state); ``None``: none.
+
+        See :meth:`Queue.group_state`.
+        """
+        return self._queue.group_state(self)
+
+    def set_group_state(self, state: bytes | None) -> None:
+        """Replace (``None``: clear) the state kept with this message's group.
+
+        See :meth:`Queue.set_group_state`.
+        """
+        self._queue.set_group_state(self, state)
+
     def complete(self) -> None:
         """Delete the message: it is never delivered again.
 

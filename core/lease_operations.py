@@ -535,6 +535,25 @@ class LeaseOperations:
             results[i] = error or record.unusable("renew", lease.message.id)
         return alive
 
+    # ----------------------------------------------------------- group state
+
+    def group_state(
+        self, lease: Lease, limit: float | None, *, write: bool = False, state: bytes | None = None
+    ) -> bytes | None:
+        """Read (or, with ``write``, replace) the state of ``lease``'s group, within its time.
+
+        The caller has checked the capability, the group and that the lease is held.
+        """
+        queue = self._queue
+        receipt = lease.receipt
+        with deadline(self.lease_timeout([lease], limit, settle=False)):
+            if write:
+                queue._call(
+                    "set_group_state", partial(queue.driver.set_group_state, receipt, state)
+                )
+                return None
+            return queue._call("group_state", partial(queue.driver.group_state, receipt))
+
     # ------------------------------------------------------------- machinery
 
     def lease_timeout(self, leases: Sequence[Lease], limit: float | None, *, settle: bool) -> float:

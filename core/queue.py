@@ -802,6 +802,52 @@ class Queue:
             self._operations.checkpoint_stored(lease, data, limit)
         self._events.emit("leasekit_lease_checkpointed", lease=lease, size=len(data))
 
+    def group_state(self, lease: Lease, *, timeout: float | None = None) -> bytes | None:
+        """The state kept with ``lease``'s group (Service Bus session state); ``None``: none.
+
+        Raises:
+            UnsupportedOperation: the backend keeps no group state
+                (``capabilities.group_state``), or the message has no group.
+            LeaseLost: the lease is lost (its group may be held by another now).
+            LeaseStateError: the lease was already settled.
+        """
+        self._check_group_state(lease)
+        return self._operations.group_state(lease, arguments.timeout(timeout))
+
+    def set_group_state(
+        self, lease: Lease, state: bytes | None, *, timeout: float | None = None
+    ) -> None:
+        """Replace (``None``: clear) the state kept with ``lease``'s group.
+
+        Raises:
+            InvalidArgument: ``state`` is not bytes or ``None``.
+            UnsupportedOperation, LeaseLost, LeaseStateError: see :meth:`group_state`.
+        """
+        if state is not None and not isinstance(state, bytes):
+            raise errors.InvalidArgument(
+                f"a group state is bytes or None, got {type(state).__name__}"
+            )
+        self._check_group_state(lease)
+        self._operations.group_state(lease, arguments.timeout(timeout), write=True, state=state)
+
+    def _check_group_state(self, lease: Lease) -> None:
+        self._check_own([lease])
+        self._require_open()
+        if not self.capabilities.group_state:
+            raise errors.UnsupportedOperation(
+                f"{self._driver.scheme} keeps no state per group on queue {self.name!r}"
+            )
+        if lease.message.group is None:
+            raise errors.UnsupportedOperation(
+                f"message {lease.message.id!r} was sent without a group: it has no group state"
+            )
+        lease.check()
+        if lease.state is not LeaseState.HELD:
+            raise errors.LeaseStateError(
+                f"the lease of message {lease.message.id!r} is {lease.state.value}: only a "
+                "held lease reads or sets its group's state"
+            )
+
     def _entry_error(self, result: BaseException, action: str) -> errors.LeaseError:
         """The leasekit error for one entry's raw ``result``, with it as the cause."""
         error = wrap_error(self._driver, result, f"{action} on {self.name!r}")

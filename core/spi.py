@@ -375,6 +375,22 @@ class Driver(ABC):
         """
         raise NotImplementedError("The 'dead_letter' method is not implemented.")
 
+    def group_state(self, receipt: str) -> bytes | None:
+        """The state kept with the group of the leased message ``receipt`` (``None``: none).
+
+        Only called when ``capabilities.group_state``, for a held lease of a
+        message sent with a group. A stale receipt must give an error.
+        """
+        raise NotImplementedError("The 'group_state' method is not implemented.")
+
+    def set_group_state(self, receipt: str, state: bytes | None) -> None:
+        """Replace (``None``: clear) the state of the group of the leased message ``receipt``.
+
+        Only called when ``capabilities.group_state``; a stale receipt must give an
+        error and change nothing.
+        """
+        raise NotImplementedError("The 'set_group_state' method is not implemented.")
+
     def dead_letter_queue(self) -> str | None:
         """The queue core copies dead letters to, where the service names one; ``None``: none.
 

@@ -25,6 +25,12 @@ tests expect it (details in :mod:`.broker`, semantics, and :mod:`.amqp`, the wir
   (closed or reset), settling by lock token gets ``com.microsoft:message-lock-lost``,
   as Service Bus drops the locks of a broken connection, while ``renew-lock`` still
   renews the lock and the message comes back when it ends;
+* message sessions of ``RequiresSession`` queues (:mod:`.sessions`): the session
+  filter on attach (a named session, or the next available one, waiting up to the
+  link's operation timeout), the session lock and ``renew-session-lock``, session
+  state, the session's messages in order to the one link holding it, the lock lost
+  on expiry (``com.microsoft:session-lock-lost``); the SDK's own session samples
+  run unchanged against it;
 * entity management over HTTP with the real service's ATOM bodies, on a second
   port (``--http-port``, 5300 by default as on Microsoft's emulator), for
   ``ServiceBusAdministrationClient`` (:mod:`.admin`; :func:`admin_client` makes
@@ -32,9 +38,7 @@ tests expect it (details in :mod:`.broker`, semantics, and :mod:`.amqp`, the wir
 
 Not emulated, each refused at once with a clear error, never emulated silently:
 
-* sessions: a session receiver gets ``amqp:not-implemented`` on a
-  ``RequiresSession`` queue, and Service Bus' own ``amqp:not-allowed`` on a plain
-  queue (as does a plain receiver on a ``RequiresSession`` queue);
+* ``get-message-sessions`` (listing sessions);
 * topics and subscriptions: links to ``<topic>/Subscriptions/<name>`` and to a
   topic declared in the config get ``amqp:not-implemented``;
 * duplicate detection and auto-forwarding: a queue that sets

@@ -39,9 +39,23 @@ Emulated on the wire:
     * a disposition for a delivery of a detached link is ignored, unanswered, as
       Service Bus drops a closed link's unsettled deliveries.
 
-Not emulated, refused at attach: sessions (a receiver whose session mode does not
-fit the queue gets Service Bus' own ``amqp:not-allowed``; a session receiver on a
-session queue ``amqp:not-implemented``), topics and subscriptions, queues that set
+Sessions (``RequiresSession`` queues, rules in :mod:`.sessions`): a receiver
+attaches with the source filter ``com.microsoft:session-filter`` naming a session,
+or null for the next available one; the attach is answered once a session is
+locked to the link, with the accepted id in that filter and the lock's end in the
+link property ``com.microsoft:locked-until-utc`` (.NET ticks); with no session
+available within the link's ``com.microsoft:timeout`` (milliseconds; 60 s without
+it), the attach is answered and detached with ``com.microsoft:timeout``; a named
+session locked by another receiver gets ``com.microsoft:session-cannot-be-locked``.
+The session's messages go, in order, to that one link; ``$management`` serves
+``renew-session-lock``, ``get-session-state`` and ``set-session-state`` (and
+``peek-message`` / ``update-disposition`` with a ``session-id``); a lost session
+lock makes settles fail with ``com.microsoft:session-lock-lost`` and detaches the
+link with it. A sender's message without a session id on such a queue, and a
+receiver whose session mode does not fit the queue, get Service Bus' own
+``amqp:not-allowed``.
+
+Not emulated, refused at attach: topics and subscriptions, queues that set
 duplicate detection or auto-forwarding. Not emulated at all: TLS, token validation
 and expiry, transactions, link redirects, rules, ``get-message-sessions``, message
 size quotas per entity. proton's container is not thread-safe: every state change
@@ -83,6 +97,9 @@ from .broker import (
     MessageNotFound,
     MessageState,
     Queue,
+    Session,
+    SessionCannotBeLocked,
+    SessionLockLost,
     StoredMessage,
     SubQueue,
 )
@@ -115,7 +132,20 @@ LOCK_LOST_TEXT = (
 )
 DEAD_LETTER = "com.microsoft:dead-letter"
 OP_PREFIX = "com.microsoft:"
-SESSIONS_UNSUPPORTED = "Sessions are not supported by this emulator."
+SESSION_FILTER = "com.microsoft:session-filter"
+SESSION_LOCKED_UNTIL = "com.microsoft:locked-until-utc"
+SESSION_LOCK_LOST = "com.microsoft:session-lock-lost"
+SESSION_CANNOT_BE_LOCKED = "com.microsoft:session-cannot-be-locked"
+OPERATION_TIMEOUT = "com.microsoft:timeout"
+#: The service's operation timeout when a link sets none (seconds).
+DEFAULT_OPERATION_TIMEOUT = 60.0
+#: .NET ticks (100 ns) at the Unix epoch: ``com.microsoft:locked-until-utc`` counts them.
+DOTNET_EPOCH_TICKS = 621355968000000000
+NO_SESSION_ID = (
+    "The SessionId was not set on a message, and it cannot be sent to the entity. Entities "
+    "that have session support enabled can only receive messages that have the SessionId "
+    "set to a valid value."
+)
 TOPICS_UNSUPPORTED = "Topics and subscriptions are not supported by this emulator."
 
 
@@ -196,6 +226,9 @@ class ServiceBusEmulator(Handler):
         )
         self._consumers: dict[int, list[Any]] = {}  # id(SubQueue) -> consumer links
         self._entity_links: dict[int, list[Any]] = {}  # id(Queue) -> every link bound to it
+        # id(SubQueue) -> session receive links waiting for the next available session
+        self._waiting: dict[int, list[Any]] = {}
+        self._session_links: dict[int, Any] = {}  # link id -> a link holding a session
         self._acceptor: Any = None
         self._container: Any = None
         self._closing = False
@@ -277,6 +310,9 @@ class ServiceBusEmulator(Handler):
         for queue in self.broker.expire(now):
             self._pump_entity(queue.active)
             self._pump_entity(queue.dead_letter)
+        for queue in self.broker.queues:
+            self._detach_lost_sessions(queue.active)
+        self._time_out_waiting(now)
         event.container.schedule(TICK_SECONDS, self)
 
     # -- connection, session, link endpoints --------------------------------------------------
@@ -337,6 +373,16 @@ class ServiceBusEmulator(Handler):
 
     def _forget_link(self, link: Any) -> None:
         entity: SubQueue | None = getattr_safe(link, "sb_entity")
+        waiting = self._waiting.get(id(entity)) if entity is not None else None
+        if waiting is not None and link in waiting:
+            waiting.remove(link)
+        session: Session | None = getattr_safe(link, "sb_session")
+        if entity is not None and session is not None:
+            link.sb_session = None
+            self._session_links.pop(link.sb_link_id, None)
+            # The receiver let the session go: its unsettled messages come back.
+            if entity.release_session(session.session_id, link.sb_link_id, self.clock()):
+                self._pump_entity(entity)
         if entity is not None:
             for registry, key in (
                 (self._consumers, id(entity)),
@@ -393,6 +439,9 @@ class ServiceBusEmulator(Handler):
         entity: SubQueue | None = link.sb_entity
         if entity is not None:
             self._entity_links.setdefault(id(entity.queue), []).append(link)
+        if link.sb_kind == "session-pending":
+            self._accept_or_wait(link)
+            return
         link.open()
         if link.is_receiver:
             link.flow(CREDIT_WINDOW)
@@ -418,10 +467,17 @@ class ServiceBusEmulator(Handler):
                     raise _Refused("amqp:not-allowed", "Cannot send to a dead-letter queue.")
                 link.sb_kind = "producer"
             else:
-                self._check_session_mode(entity, _has_session_filter(link))
+                wanted = _session_filter(link)
+                self._check_session_mode(entity, wanted is not None)
                 link.sb_kind = "consumer"
+                link.sb_link_id = next(_link_ids)
+                link.sb_session = None
                 # snd-settle-mode settled (1) = ReceiveAndDelete; otherwise PeekLock.
                 link.sb_lock = link.remote_snd_settle_mode != 1
+                if wanted is not None:
+                    link.sb_wanted = wanted
+                    link.sb_kind = "session-pending"
+                    return
                 self._consumers.setdefault(id(entity), []).append(link)
 
     def _entity(self, path: str) -> SubQueue:
@@ -460,8 +516,6 @@ class ServiceBusEmulator(Handler):
                 "It is not possible for an entity that requires sessions to create a "
                 "non-sessionful message receiver.",
             )
-        if session_receiver:
-            raise _Refused("amqp:not-implemented", SESSIONS_UNSUPPORTED)
 
     def _refuse(self, link: Any, condition: str, description: str) -> None:
         # As the spec (and Service Bus) do: attach with a null terminus, then detach
@@ -490,6 +544,11 @@ class ServiceBusEmulator(Handler):
             self._flush_replies(link)
 
     def _pump_entity(self, entity: SubQueue) -> None:
+        if entity.sessionful:
+            self._serve_waiting(entity)
+            for link in list(self._consumers.get(id(entity), [])):
+                self._pump_link(link)
+            return
         links = list(self._consumers.get(id(entity), []))
         if not links:
             return
@@ -515,12 +574,19 @@ class ServiceBusEmulator(Handler):
             pass
         if link.drain_mode and link.credit > 0:
             link.drained()
+        if entity.sessionful:
+            self._detach_lost_sessions(entity)
 
     def _deliver_one(self, link: Any, entity: SubQueue, now: float) -> bool:
         if link.credit <= 0 or not link.state & Endpoint.LOCAL_ACTIVE:
             return False
         lock = bool(link.sb_lock)
-        message = entity.receive(now, lock=lock, owner=getattr_safe(link.connection, "sb_id"))
+        session: Session | None = getattr_safe(link, "sb_session")
+        if entity.sessionful and session is None:
+            return False
+        message = entity.receive(
+            now, lock=lock, owner=getattr_safe(link.connection, "sb_id"), session=session
+        )
         if message is None:
             return False
         payload = self._render(message, locked=lock, delivered=True)
@@ -532,6 +598,7 @@ class ServiceBusEmulator(Handler):
             delivery.sb_token = token
             delivery.sb_entity = entity
             delivery.sb_done = False
+            delivery.sb_session_id = session.session_id if session is not None else None
         else:
             delivery.settle()
         return True
@@ -636,6 +703,8 @@ class ServiceBusEmulator(Handler):
             if quota is not None:
                 # The service raises a SerializationException; nothing is enqueued.
                 return Delivery.REJECTED, _condition("amqp:link:message-size-exceeded", quota)
+        if entity.sessionful and any(inspect(s).session_id is None for s in messages):
+            return Delivery.REJECTED, _condition("amqp:not-allowed", NO_SESSION_ID)
         now = self.clock()
         for sections in messages:
             self._enqueue(entity, sections, now)
@@ -651,6 +720,7 @@ class ServiceBusEmulator(Handler):
             scheduled_at=info.scheduled_at,
             message_id=info.message_id,
             size=sum(len(section.raw) for section in sections),
+            session_id=info.session_id,
         )
 
     def _on_disposition(self, delivery: Any) -> None:
@@ -683,19 +753,29 @@ class ServiceBusEmulator(Handler):
             return
         now = self.clock()
         remote = delivery.remote
+        held: Session | None = getattr_safe(delivery.link, "sb_session")
+        session = held.session_id if held is not None else None
+        if entity.sessionful and session is None:
+            session = getattr_safe(delivery, "sb_session_id")  # the link lost it meanwhile
         try:
             if state == Delivery.ACCEPTED:
-                entity.complete(token, now)
+                entity.complete(token, now, session=session)
             elif state == Delivery.MODIFIED:
                 if remote.undeliverable:
-                    entity.defer(token, now)
+                    entity.defer(token, now, session=session)
                 else:
-                    entity.abandon(token, now, failed=bool(remote.failed))
+                    entity.abandon(token, now, failed=bool(remote.failed), session=session)
             elif state == Delivery.REJECTED:
                 reason, description = _dead_letter_details(remote.condition)
-                entity.dead_letter(token, now, reason, description)
+                entity.dead_letter(token, now, reason, description, session=session)
             else:
-                entity.abandon(token, now, failed=False)
+                entity.abandon(token, now, failed=False, session=session)
+        except SessionLockLost as exc:
+            if not remote_settled:
+                delivery.local.condition = _condition(SESSION_LOCK_LOST, str(exc))
+                delivery.update(Delivery.REJECTED)
+            delivery.settle()
+            return
         except LockLost:
             if not remote_settled:
                 delivery.local.condition = _condition(LOCK_LOST, LOCK_LOST_TEXT)
@@ -710,6 +790,133 @@ class ServiceBusEmulator(Handler):
         delivery.settle()
         if state != Delivery.ACCEPTED:
             self._pump_entity(entity)
+
+    # -- sessions -----------------------------------------------------------------------------
+
+    def _accept_or_wait(self, link: Any) -> None:
+        """Lock a session to a session receiver's link and answer its attach, or make it wait.
+
+        A named session is accepted at once (or refused when another receiver holds
+        it); the next available one waits, unanswered, until a session has an
+        available message or the link's operation timeout passes.
+        """
+        entity: SubQueue = link.sb_entity
+        wanted: str = link.sb_wanted
+        now = self.clock()
+        try:
+            session = entity.accept_session(wanted or None, link.sb_link_id, now)
+        except SessionCannotBeLocked as exc:
+            self._forget_link(link)
+            self._refuse(link, SESSION_CANNOT_BE_LOCKED, str(exc))
+            return
+        if session is None:
+            timeout = _operation_timeout(link)
+            link.sb_deadline = now + timeout
+            self._waiting.setdefault(id(entity), []).append(link)
+            return
+        self._open_session_link(link, session)
+
+    def _open_session_link(self, link: Any, session: Session) -> None:
+        """Answer the attach: the accepted id in the filter, the lock's end as a property."""
+        entity: SubQueue = link.sb_entity
+        link.sb_session = session
+        link.sb_kind = "consumer"
+        self._session_links[link.sb_link_id] = link
+        link.source.filter.clear()
+        link.source.filter.put_dict({symbol(SESSION_FILTER): session.session_id})
+        assert session.locked_until is not None
+        ticks = DOTNET_EPOCH_TICKS + round(session.locked_until * 10_000_000)
+        link.properties = {symbol(SESSION_LOCKED_UNTIL): ticks}
+        self._consumers.setdefault(id(entity), []).append(link)
+        link.open()
+        self._pump_link(link)
+
+    def _serve_waiting(self, entity: SubQueue) -> None:
+        """Give available sessions to links waiting for the next available one, in order."""
+        waiting = self._waiting.get(id(entity))
+        now = self.clock()
+        while waiting:
+            link = waiting[0]
+            session = entity.accept_session(None, link.sb_link_id, now)
+            if session is None:
+                return
+            waiting.pop(0)
+            self._open_session_link(link, session)
+
+    def _time_out_waiting(self, now: float) -> None:
+        """Answer the links whose wait for a session outlasted their operation timeout."""
+        for key, links in list(self._waiting.items()):
+            for link in [lk for lk in links if lk.sb_deadline <= now]:
+                links.remove(link)
+                self._forget_link(link)
+                self._refuse(
+                    link,
+                    OPERATION_TIMEOUT,
+                    "The operation did not complete within the allocated time "
+                    f"{link.sb_deadline - now:.0f} for object session.",
+                )
+            if not links:
+                self._waiting.pop(key, None)
+
+    def _detach_lost_sessions(self, entity: SubQueue) -> None:
+        """Detach the links whose session lock expired, with ``session-lock-lost``."""
+        while entity.lost_sessions:
+            holder, session_id = entity.lost_sessions.pop()
+            link = self._session_links.pop(holder, None)
+            if link is None:
+                continue
+            link.sb_session = None
+            self._forget_link(link)
+            link.condition = _condition(
+                SESSION_LOCK_LOST,
+                f"The session lock has expired on the MessageSession '{session_id}'. "
+                "Accept a new MessageSession.",
+            )
+            link.close()
+        if entity.lost_sessions == [] and self._waiting.get(id(entity)):
+            self._serve_waiting(entity)
+
+    def _holds(self, mgmt_link: Any, props: dict[str, Any]) -> Callable[[Any], bool]:
+        """Whether a session holder (a link id) belongs to the requester.
+
+        The SDK names its receive link in the request (``associated-link-name``);
+        without it, any receive link on the requester's connection will do.
+        """
+        name = _text(props.get("associated-link-name"))
+        conn_id = getattr_safe(mgmt_link.connection, "sb_id")
+
+        def holds(holder: Any) -> bool:
+            link = self._session_links.get(holder)
+            if link is None or getattr_safe(link.connection, "sb_id") != conn_id:
+                return False
+            return name is None or link.name == name
+
+        return holds
+
+    def _session_operation(
+        self,
+        entity: SubQueue,
+        op: str,
+        session: str | None,
+        body: dict[str, Any],
+        now: float,
+        holds: Callable[[Any], bool],
+    ) -> Any:
+        if session is None:
+            raise _MgmtError(400, "com.microsoft:argument-error", "session-id is required.")
+        if not entity.sessionful:
+            raise _MgmtError(
+                400, "amqp:not-allowed", f"The entity '{entity.path}' does not require sessions."
+            )
+        if op == "renew-session-lock":
+            until = entity.renew_session(session, now, holds)
+            return {"expiration": ms_timestamp(until)}
+        held = entity.held_session(session, now, holds)
+        if op == "get-session-state":
+            return {"session-state": held.state}
+        state = body.get("session-state")
+        held.state = bytes(state) if state is not None else None
+        return {}
 
     # -- request/response nodes ---------------------------------------------------------------
 
@@ -726,7 +933,9 @@ class ServiceBusEmulator(Handler):
             )
         else:
             try:
-                body = self._management(link.sb_entity, operation, request.body or {})
+                body = self._management(
+                    link.sb_entity, operation, request.body or {}, self._holds(link, props)
+                )
                 status, description = (200, "OK") if body is not None else (204, "No Content")
                 reply = Message(
                     properties={"statusCode": int32(status), "statusDescription": description},
@@ -769,12 +978,17 @@ class ServiceBusEmulator(Handler):
             link.advance()
             delivery.settle()
 
-    def _management(self, entity: SubQueue, operation: str, body: Any) -> Any:
+    def _management(
+        self, entity: SubQueue, operation: str, body: Any, holds: Callable[[Any], bool]
+    ) -> Any:
         if not isinstance(body, dict):
             raise _MgmtError(400, "com.microsoft:argument-error", "The request body must be a map.")
         now = self.clock()
         op = operation[len(OP_PREFIX) :] if operation.startswith(OP_PREFIX) else operation
+        session = _text(body.get("session-id"))
         try:
+            if op in ("renew-session-lock", "get-session-state", "set-session-state"):
+                return self._session_operation(entity, op, session, body, now, holds)
             if op == "renew-lock":
                 tokens = [_uuid(t) for t in _elements(body.get("lock-tokens"))]
                 expirations = [entity.renew(token, now) for token in tokens]
@@ -784,7 +998,7 @@ class ServiceBusEmulator(Handler):
             if op == "peek-message":
                 start = int(body.get("from-sequence-number") or 1)
                 count = int(body.get("message-count") or 1)
-                peeked = entity.peek(start, count, now)
+                peeked = entity.peek(start, count, now, session=session)
                 if not peeked:
                     return None
                 return {
@@ -806,8 +1020,10 @@ class ServiceBusEmulator(Handler):
             if op == "update-disposition":
                 status = _text(body.get("disposition-status")) or ""
                 tokens = [_uuid(t) for t in _elements(body.get("lock-tokens"))]
+                if session is not None:
+                    entity.held_session(session, now, holds)
                 for token in tokens:
-                    self._settle_by_status(entity, token, status, body, now)
+                    self._settle_by_status(entity, token, status, body, now, session)
                 self._pump_entity(entity)
                 return {}
             if op == "schedule-message":
@@ -826,6 +1042,8 @@ class ServiceBusEmulator(Handler):
             if op == "cancel-scheduled-message":
                 entity.cancel_scheduled(int(s) for s in _elements(body.get("sequence-numbers")))
                 return {}
+        except SessionLockLost as exc:
+            raise _MgmtError(410, SESSION_LOCK_LOST, str(exc)) from exc
         except LockLost as exc:
             raise _MgmtError(410, LOCK_LOST, LOCK_LOST_TEXT) from exc
         except MessageNotFound as exc:
@@ -839,26 +1057,34 @@ class ServiceBusEmulator(Handler):
         )
 
     def _settle_by_status(
-        self, entity: SubQueue, token: uuid.UUID, status: str, body: dict[str, Any], now: float
+        self,
+        entity: SubQueue,
+        token: uuid.UUID,
+        status: str,
+        body: dict[str, Any],
+        now: float,
+        session: str | None = None,
     ) -> None:
         if status == "completed":
-            entity.complete(token, now)
+            entity.complete(token, now, session=session)
         elif status == "abandoned":
-            entity.abandon(token, now)
+            entity.abandon(token, now, session=session)
         elif status == "defered":
-            entity.defer(token, now)
+            entity.defer(token, now, session=session)
         elif status == "suspended":
             entity.dead_letter(
                 token,
                 now,
                 _text(body.get("deadletter-reason")),
                 _text(body.get("deadletter-description")),
+                session=session,
             )
         else:
             raise ValueError(f"unknown disposition-status {status!r}")
 
 
 _connection_ids = itertools.count(1)
+_link_ids = itertools.count(1)
 
 
 class _Refused(Exception):
@@ -898,18 +1124,38 @@ def _uuid(value: Any) -> uuid.UUID:
     return uuid.UUID(str(value))
 
 
-def _has_session_filter(link: Any) -> bool:
-    """Whether the attach asks for a session (``com.microsoft:session-filter``)."""
+def _session_filter(link: Any) -> str | None:
+    """The session an attach asks for (``com.microsoft:session-filter``).
+
+    Returns:
+        ``None`` without the filter (no session receiver); ``""`` for a null filter
+        (the next available session); else the session id.
+    """
     data = link.remote_source.filter
     try:
         data.rewind()
         if data.next() is None:
-            return False
+            return None
         filters = data.get_object()
     except Exception:  # an undecodable filter set is no session filter
-        return False
-    return isinstance(filters, dict) and any(
-        str(key) == "com.microsoft:session-filter" for key in filters
+        return None
+    if not isinstance(filters, dict):
+        return None
+    for key, value in filters.items():
+        if str(key) == SESSION_FILTER:
+            return _text(value) or ""
+    return None
+
+
+def _operation_timeout(link: Any) -> float:
+    """The link's ``com.microsoft:timeout`` property in seconds, or the service's default."""
+    try:
+        props = link.remote_properties or {}
+        value = props.get(symbol(OPERATION_TIMEOUT), props.get(OPERATION_TIMEOUT))
+    except Exception:  # undecodable properties: the default
+        value = None
+    return (
+        int(value) / 1000.0 if isinstance(value, int) and value > 0 else DEFAULT_OPERATION_TIMEOUT
     )
 
 

@@ -33,7 +33,12 @@ Emulated (as documented for Azure Service Bus queues):
 expiries), which is what Service Bus puts in the AMQP header on the wire; SDKs that
 show a 1-based count add one on receive.
 
-Not emulated: sessions, topics/subscriptions, duplicate detection, auto-forwarding,
+    * sessions of a ``RequiresSession`` queue (:mod:`.sessions`): accepting a named
+      or the next available session, its lock (the lock of its messages), renewal,
+      expiry (the session is released, its locked messages come back with a failed
+      delivery counted), and session state.
+
+Not emulated: topics/subscriptions, duplicate detection, auto-forwarding,
 partitioning, entity size quotas (the message and property quotas are the AMQP
 layer's), transactions.
 """
@@ -52,6 +57,7 @@ from enum import Enum
 from typing import Any
 
 from .config import EmulatorConfig, QueueProperties
+from .sessions import Session, SessionCannotBeLocked, SessionLockLost
 
 __all__ = [
     "DEAD_LETTER_SUFFIX",
@@ -61,6 +67,9 @@ __all__ = [
     "MessageNotFound",
     "MessageState",
     "Queue",
+    "Session",
+    "SessionCannotBeLocked",
+    "SessionLockLost",
     "StoredMessage",
     "SubQueue",
 ]
@@ -149,6 +158,8 @@ class StoredMessage:
     #: The time-to-live applied (seconds), min(message's, queue's); kept when the
     #: message is dead-lettered (where it no longer expires).
     time_to_live: float | None = None
+    #: The ``SessionId`` (AMQP ``group-id``) it was sent with, if any.
+    session_id: str | None = None
 
 
 class SubQueue:
@@ -167,6 +178,16 @@ class SubQueue:
         self._locks: dict[uuid.UUID, StoredMessage] = {}
         self._lock_heap: list[tuple[float, int, uuid.UUID]] = []
         self._time_heap: list[tuple[float, int]] = []  # (scheduled or expiry time, seq)
+        self._sessions: dict[str, Session] = {}
+        self._session_heap: list[tuple[float, int, str]] = []  # (lock end, tiebreak, id)
+        #: Sessions whose lock expired, as (holder, session id), for the protocol
+        #: layer to detach their links; it empties the list.
+        self.lost_sessions: list[tuple[Any, str]] = []
+
+    @property
+    def sessionful(self) -> bool:
+        """Whether this sub-queue keeps sessions (a RequiresSession queue's active messages)."""
+        return self.queue.properties.requires_session and not self.is_dead_letter
 
     @property
     def path(self) -> str:
@@ -191,6 +212,7 @@ class SubQueue:
         scheduled_at: float | None = None,
         message_id: str | None = None,
         size: int = 0,
+        session_id: str | None = None,
     ) -> StoredMessage:
         """Store a new message and return it.
 
@@ -201,6 +223,7 @@ class SubQueue:
             scheduled_at: scheduled enqueue time, if later than now.
             message_id: the application's message id.
             size: its size in bytes.
+            session_id: its ``SessionId``, if it has one.
 
         Returns:
             The stored message with its sequence number.
@@ -213,6 +236,7 @@ class SubQueue:
             visible_at=visible_at,
             message_id=message_id,
             size=size,
+            session_id=session_id,
         )
         if not self.is_dead_letter:
             default_ttl = self.queue.properties.default_ttl
@@ -238,7 +262,10 @@ class SubQueue:
         self._make_ready(message)
 
     def _make_ready(self, message: StoredMessage) -> None:
-        heapq.heappush(self._ready, message.sequence_number)
+        if message.session_id is not None and self.sessionful:
+            self.session(message.session_id).push(message.sequence_number)
+        else:
+            heapq.heappush(self._ready, message.sequence_number)
         if message.expires_at is not None:
             heapq.heappush(self._time_heap, (message.expires_at, message.sequence_number))
 
@@ -254,6 +281,17 @@ class SubQueue:
             ``True`` if a message became available here or in the dead-letter queue.
         """
         changed = False
+        while self._session_heap and self._session_heap[0][0] <= now:
+            _, _, session_id = heapq.heappop(self._session_heap)
+            session = self._sessions.get(session_id)
+            if session is None or session.holder is None or session.locked_until is None:
+                continue  # released
+            if session.locked_until > now:
+                continue  # renewed (a newer heap entry exists)
+            holder = session.holder
+            self._release(session, now, failed=True)
+            self.lost_sessions.append((holder, session_id))
+            changed = True
         while self._lock_heap and self._lock_heap[0][0] <= now:
             _, _, token = heapq.heappop(self._lock_heap)
             message = self._locks.get(token)
@@ -329,12 +367,20 @@ class SubQueue:
 
     def next_deadline(self) -> float | None:
         """The earliest time :meth:`expire` has something to do, if any."""
-        times = [heap[0][0] for heap in (self._lock_heap, self._time_heap) if heap]
+        heaps = (self._lock_heap, self._time_heap, self._session_heap)
+        times = [heap[0][0] for heap in heaps if heap]
         return min(times) if times else None
 
     # -- receiving ------------------------------------------------------------------------
 
-    def receive(self, now: float, *, lock: bool, owner: int | None = None) -> StoredMessage | None:
+    def receive(
+        self,
+        now: float,
+        *,
+        lock: bool,
+        owner: int | None = None,
+        session: Session | None = None,
+    ) -> StoredMessage | None:
         """Take the available message with the lowest sequence number.
 
         Parameters:
@@ -342,13 +388,18 @@ class SubQueue:
             lock: PeekLock (``True``) locks it; ReceiveAndDelete removes it.
             owner: the connection whose receive link takes it (see
                 :meth:`drop_connection_locks`).
+            session: on a sessionful queue, the session the receiver holds: only
+                its messages, locked under its lock.
 
         Returns:
             The message, or ``None`` when none is available.
         """
         self.expire(now)
-        while self._ready:
-            seq = heapq.heappop(self._ready)
+        ready = self._ready if session is None else session.ready
+        if session is not None and not session.is_held(now):
+            return None
+        while ready:
+            seq = heapq.heappop(ready)
             message = self._messages.get(seq)
             if (
                 message is None
@@ -360,44 +411,65 @@ class SubQueue:
                 self._expire_message(message)
                 continue
             if lock:
-                self._lock(message, now, owner)
+                self._lock(message, now, owner, session)
             else:
                 del self._messages[seq]
             return message
         return None
 
-    def has_available(self, now: float) -> bool:
-        """Whether :meth:`receive` would return a message now."""
+    def has_available(self, now: float, session: Session | None = None) -> bool:
+        """Whether :meth:`receive` would return a message now (from ``session``, if given)."""
         self.expire(now)
-        while self._ready:
-            message = self._messages.get(self._ready[0])
+        if session is not None and not session.is_held(now):
+            return False
+        return self._head(self._ready if session is None else session.ready) is not None
+
+    def _head(self, ready: list[int]) -> int | None:
+        """The first available sequence number of ``ready`` (dropping stale entries)."""
+        while ready:
+            message = self._messages.get(ready[0])
             if (
                 message is not None
                 and message.state is MessageState.ACTIVE
                 and message.lock_token is None
             ):
-                return True
-            heapq.heappop(self._ready)
-        return False
+                return ready[0]
+            heapq.heappop(ready)
+        return None
 
-    def _lock(self, message: StoredMessage, now: float, owner: int | None = None) -> None:
+    def _lock(
+        self,
+        message: StoredMessage,
+        now: float,
+        owner: int | None = None,
+        session: Session | None = None,
+    ) -> None:
         token = uuid.uuid4()
         message.lock_token = token
-        message.locked_until = now + self.queue.properties.lock_duration
         message.lock_owner = owner
         message.lock_dropped = False
         self._locks[token] = message
+        if session is not None:
+            # A session's messages are locked by the session lock (no lock of their own).
+            message.locked_until = session.locked_until
+            session.locked.add(message.sequence_number)
+            return
+        message.locked_until = now + self.queue.properties.lock_duration
         heapq.heappush(self._lock_heap, (message.locked_until, next(_tiebreak), token))
 
     def _unlock(self, message: StoredMessage) -> None:
         if message.lock_token is not None:
             self._locks.pop(message.lock_token, None)
+        if message.session_id is not None and message.session_id in self._sessions:
+            self._sessions[message.session_id].locked.discard(message.sequence_number)
         message.lock_token = None
         message.locked_until = None
         message.lock_owner = None
         message.lock_dropped = False
 
-    def locked(self, token: uuid.UUID, now: float, *, settle: bool = False) -> StoredMessage:
+    def locked(
+        self, token: uuid.UUID, now: float, *, settle: bool = False, session: str | None = None
+    ) -> StoredMessage:
         """The message locked by ``token``.
 
         Parameters:
@@ -405,16 +477,30 @@ class SubQueue:
             now: current time.
             settle: the lock is to settle the message by token; a lock whose
                 receiving connection is gone cannot (see :meth:`drop_connection_locks`).
+            session: the session the caller holds (its receive link's, or the one a
+                management request names); its lock must still be held.
 
         Returns:
             The locked message.
 
         Raises:
+            SessionLockLost: the session's lock is lost (expired, released).
             LockLost: the token is unknown, expired, or already settled; or, with
                 ``settle``, its receiving connection is gone.
         """
         self.expire(now)
+        if session is not None:
+            held = self._sessions.get(session)
+            if held is None or not held.is_held(now):
+                raise SessionLockLost(f"the lock of session {session!r} is lost")
         message = self._locks.get(token)
+        if message is not None and message.session_id is not None and self.sessionful:
+            owner = self._sessions.get(message.session_id)
+            if owner is None or not owner.is_held(now):
+                raise SessionLockLost(f"the lock of session {message.session_id!r} is lost")
+            if settle and message.lock_dropped:
+                raise LockLost(f"{token}: the connection that received the message is gone")
+            return message
         if message is None or message.locked_until is None or message.locked_until <= now:
             raise LockLost(str(token))
         if settle and message.lock_dropped:
@@ -438,18 +524,22 @@ class SubQueue:
 
     # -- settling -------------------------------------------------------------------------
 
-    def complete(self, token: uuid.UUID, now: float) -> StoredMessage:
+    def complete(
+        self, token: uuid.UUID, now: float, *, session: str | None = None
+    ) -> StoredMessage:
         """Remove the locked message for good.
 
         Raises:
             LockLost: see :meth:`locked`.
         """
-        message = self.locked(token, now, settle=True)
+        message = self.locked(token, now, settle=True, session=session)
         self._unlock(message)
         del self._messages[message.sequence_number]
         return message
 
-    def abandon(self, token: uuid.UUID, now: float, *, failed: bool = True) -> StoredMessage:
+    def abandon(
+        self, token: uuid.UUID, now: float, *, failed: bool = True, session: str | None = None
+    ) -> StoredMessage:
         """Unlock the message so it is available again.
 
         Parameters:
@@ -460,7 +550,7 @@ class SubQueue:
         Raises:
             LockLost: see :meth:`locked`.
         """
-        message = self.locked(token, now, settle=True)
+        message = self.locked(token, now, settle=True, session=session)
         self._unlock(message)
         if failed:
             self._count_failed_delivery(message, now)
@@ -471,7 +561,13 @@ class SubQueue:
         return message
 
     def dead_letter(
-        self, token: uuid.UUID, now: float, reason: str | None, description: str | None
+        self,
+        token: uuid.UUID,
+        now: float,
+        reason: str | None,
+        description: str | None,
+        *,
+        session: str | None = None,
     ) -> StoredMessage:
         """Move the locked message to the dead-letter sub-queue.
 
@@ -481,7 +577,7 @@ class SubQueue:
         Raises:
             LockLost: see :meth:`locked`.
         """
-        message = self.locked(token, now, settle=True)
+        message = self.locked(token, now, settle=True, session=session)
         self._unlock(message)
         if self.is_dead_letter:
             self._make_ready(message)
@@ -496,13 +592,13 @@ class SubQueue:
             self.queue.dead_letter._adopt(message)
         return message
 
-    def defer(self, token: uuid.UUID, now: float) -> StoredMessage:
+    def defer(self, token: uuid.UUID, now: float, *, session: str | None = None) -> StoredMessage:
         """Set the locked message aside; only receive-by-sequence-number gets it.
 
         Raises:
             LockLost: see :meth:`locked`.
         """
-        message = self.locked(token, now, settle=True)
+        message = self.locked(token, now, settle=True, session=session)
         self._unlock(message)
         message.state = MessageState.DEFERRED
         return message
@@ -517,25 +613,157 @@ class SubQueue:
             LockLost: see :meth:`locked`.
         """
         message = self.locked(token, now)
+        if message.session_id is not None and self.sessionful:
+            # The lock of a session's message is the session lock: renew-session-lock.
+            assert message.locked_until is not None
+            return message.locked_until
         message.locked_until = now + self.queue.properties.lock_duration
         heapq.heappush(self._lock_heap, (message.locked_until, next(_tiebreak), token))
         return message.locked_until
 
+    # -- sessions -------------------------------------------------------------------------
+
+    def session(self, session_id: str) -> Session:
+        """The session ``session_id`` (made on first mention)."""
+        found = self._sessions.get(session_id)
+        if found is None:
+            found = self._sessions[session_id] = Session(session_id)
+        return found
+
+    def accept_session(self, session_id: str | None, holder: Any, now: float) -> Session | None:
+        """Lock a session to ``holder`` for the queue's LockDuration.
+
+        Parameters:
+            session_id: the session to accept; ``None`` for the next available one
+                (an unlocked session with an available message; the one whose first
+                such message has the lowest sequence number).
+            holder: the receive link taking it.
+            now: current time.
+
+        Returns:
+            The session, or ``None`` when no session is available (next available only).
+
+        Raises:
+            SessionCannotBeLocked: the named session is locked by another receiver.
+        """
+        self.expire(now)
+        if session_id is not None:
+            session = self.session(session_id)
+            if session.is_held(now) and session.holder is not holder:
+                raise SessionCannotBeLocked(
+                    f"The requested session '{session_id}' cannot be accepted. It may be "
+                    "locked by another receiver."
+                )
+        else:
+            best: tuple[int, Session] | None = None
+            for candidate in self._sessions.values():
+                if candidate.holder is not None:
+                    continue
+                head = self._head(candidate.ready)
+                if head is not None and (best is None or head < best[0]):
+                    best = (head, candidate)
+            if best is None:
+                return None
+            session = best[1]
+        session.holder = holder
+        self._lock_session(session, now)
+        return session
+
+    def _lock_session(self, session: Session, now: float) -> None:
+        session.locked_until = now + self.queue.properties.lock_duration
+        heapq.heappush(
+            self._session_heap, (session.locked_until, next(_tiebreak), session.session_id)
+        )
+        for seq in session.locked:
+            message = self._messages.get(seq)
+            if message is not None:
+                message.locked_until = session.locked_until
+
+    def held_session(self, session_id: str, now: float, holds: Any = None) -> Session:
+        """The session ``session_id`` if its lock is held (by a holder ``holds`` accepts).
+
+        Parameters:
+            session_id: the session.
+            now: current time.
+            holds: a predicate on the holder (the requester's receive link); ``None``
+                accepts any.
+
+        Raises:
+            SessionLockLost: nobody (or somebody else) holds its lock.
+        """
+        self.expire(now)
+        session = self._sessions.get(session_id)
+        if session is None or not session.is_held(now) or (holds and not holds(session.holder)):
+            raise SessionLockLost(
+                f"The session lock has expired on the MessageSession '{session_id}'. Accept "
+                "a new MessageSession."
+            )
+        return session
+
+    def renew_session(self, session_id: str, now: float, holds: Any = None) -> float:
+        """Renew a held session's lock (and so its messages' locks) by the LockDuration.
+
+        Returns:
+            The new ``locked_until``.
+
+        Raises:
+            SessionLockLost: see :meth:`held_session`.
+        """
+        session = self.held_session(session_id, now, holds)
+        self._lock_session(session, now)
+        assert session.locked_until is not None
+        return session.locked_until
+
+    def release_session(self, session_id: str, holder: Any, now: float) -> bool:
+        """``holder`` detached: release its session; its locked messages come back uncounted.
+
+        Returns:
+            Whether a session was released (messages may be available again).
+        """
+        session = self._sessions.get(session_id)
+        if session is None or session.holder is not holder:
+            return False
+        self._release(session, now, failed=False)
+        return True
+
+    def _release(self, session: Session, now: float, *, failed: bool) -> None:
+        for seq in sorted(session.locked):
+            message = self._messages.get(seq)
+            if message is None or message.lock_token is None:
+                continue
+            self._unlock(message)
+            if failed:
+                self._count_failed_delivery(message, now)
+            elif message.expires_at is not None and message.expires_at <= now:
+                self._expire_message(message)
+            else:
+                self._make_ready(message)
+        session.locked.clear()
+        session.holder = None
+        session.locked_until = None
+
     # -- browsing and by-number operations ------------------------------------------------
 
-    def peek(self, from_sequence_number: int, count: int, now: float) -> list[StoredMessage]:
+    def peek(
+        self, from_sequence_number: int, count: int, now: float, session: str | None = None
+    ) -> list[StoredMessage]:
         """Browse messages without locking them (active, locked, deferred, scheduled).
 
         Parameters:
             from_sequence_number: the lowest sequence number to include.
             count: the most messages to return.
             now: current time.
+            session: only this session's messages (a session receiver's peek).
 
         Returns:
             Messages in sequence order.
         """
         self.expire(now)
-        seqs = sorted(s for s in self._messages if s >= from_sequence_number)
+        seqs = sorted(
+            s
+            for s, m in self._messages.items()
+            if s >= from_sequence_number and (session is None or m.session_id == session)
+        )
         return [self._messages[s] for s in seqs[: max(count, 0)]]
 
     def receive_deferred(

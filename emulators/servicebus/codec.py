@@ -201,15 +201,17 @@ class MessageInfo:
         ttl: the header's time-to-live in seconds, if set.
         scheduled_at: ``x-opt-scheduled-enqueue-time`` in seconds, if set.
         message_id: the properties' message-id as text, if set.
+        session_id: the properties' group-id (Service Bus' SessionId), if set.
     """
 
     ttl: float | None
     scheduled_at: float | None
     message_id: str | None
+    session_id: str | None = None
 
 
 def inspect(sections: list[Section]) -> MessageInfo:
-    """Read TTL, scheduled enqueue time and message id from a message.
+    """Read TTL, scheduled enqueue time, message id and session id from a message.
 
     Parameters:
         sections: the message's sections.
@@ -220,6 +222,7 @@ def inspect(sections: list[Section]) -> MessageInfo:
     ttl: float | None = None
     scheduled: float | None = None
     message_id: str | None = None
+    session_id: str | None = None
     for section in sections:
         if section.code == HEADER:
             fields = section.value() or []
@@ -236,7 +239,10 @@ def inspect(sections: list[Section]) -> MessageInfo:
             fields = section.value() or []
             if fields and fields[0] is not None:
                 message_id = str(fields[0])
-    return MessageInfo(ttl, scheduled, message_id)
+            # group-id, the 11th field of the properties section, is the SessionId.
+            if len(fields) > 10 and fields[10] is not None:
+                session_id = str(fields[10])
+    return MessageInfo(ttl, scheduled, message_id, session_id)
 
 
 def encode_section(code: int, value: Any) -> Section:

@@ -113,7 +113,8 @@ class QueueProperties:
             ``None`` means for ever.
         dead_lettering_on_message_expiration: move expired messages to the
             dead-letter queue instead of dropping them.
-        requires_session: sessions are not emulated; such a queue refuses receivers.
+        requires_session: the queue keeps message sessions (:mod:`.sessions`); it
+            takes only session receivers and messages with a session id.
         unsupported: Config.json property names set to values the emulator cannot
             honour (``RequiresDuplicateDetection``, ``ForwardTo``...); such a queue
             refuses every link, naming them.

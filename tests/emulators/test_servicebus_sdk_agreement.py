@@ -250,7 +250,8 @@ def test_unknown_names_are_missing_entities_by_default(
     assert "'orders'" in caplog.text and "AutoCreateQueues" in caplog.text
 
 
-# -- 3. session receivers, and every other unsupported feature, answered at once ----------------
+# -- 3. receivers whose session mode does not fit, and unsupported features, answered at once ---
+# (sessions themselves: test_servicebus_sessions.py)
 
 
 def test_session_receiver_on_a_plain_queue_is_refused_as_by_service_bus(
@@ -273,7 +274,6 @@ def test_session_receiver_on_a_plain_queue_is_refused_as_by_service_bus(
 
 UNSUPPORTED = [
     ("session-queue", None, "requires sessions to create a non-sessionful"),
-    ("session-queue", "s1", "Sessions are not supported"),
     ("subscription", None, "Topics and subscriptions are not supported"),
     ("topic", None, "Topics and subscriptions are not supported"),
     ("duplicate-detection", None, "RequiresDuplicateDetection"),
