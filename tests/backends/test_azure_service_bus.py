@@ -229,7 +229,12 @@ def test_batch_renew_is_one_management_call_and_maps_each_token(queue: Queue) ->
     # One lost token fails Service Bus's whole call: the driver retries per token.
     leases[1].complete()
     twin = leasekit.Lease(
-        queue, leases[1].message, leases[1].receipt, leases[1].expires_at, LOCK, leases[1].raw
+        queue,
+        leases[1].message,
+        leases[1].receipt,
+        leases[1].expires_at,
+        LOCK,
+        leases[1].raw_message,
     )
     results = queue.renew_many([leases[0], twin, leases[2]], LOCK)
     assert results[0] is None and results[2] is None and isinstance(results[1], LeaseLost)
