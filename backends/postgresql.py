@@ -282,11 +282,22 @@ _RECEIVE = (
 
 _EXISTS = "SELECT 1 FROM {s}.queues WHERE name = %(queue)s"
 
+#: The receipts of a call, given as one text parameter (``"seq.token,seq.token"``,
+#: checked by :data:`_RECEIPTS` first) and split by the server: one parameter to
+#: send instead of two arrays built and quoted element by element in Python.
+_PAIRS = (
+    "(SELECT split_part(x, '.', 1)::bigint AS seq, split_part(x, '.', 2)::bigint AS token "
+    "FROM unnest(string_to_array(%(receipts)s, ',')) AS x) AS r"
+)
+
+#: Message numbers given as one text parameter (``"seq,seq"``), split by the server.
+_SEQS = "string_to_array(%(seqs)s, ',')::bigint[]"
+
 #: Lock the lease batches of the given messages, in id order (no deadlock between
 #: two renewals): a receive's reaping skips them, a concurrent renewal waits.
 _LOCK_BATCHES = (
     "SELECT l.id FROM {s}.leases l WHERE l.id IN ("
-    "SELECT lease_id FROM {s}.messages WHERE seq = ANY(%(seqs)s)) "
+    "SELECT lease_id FROM {s}.messages WHERE seq = ANY(" + _SEQS + ")) "
     "ORDER BY l.id FOR UPDATE OF l"
 )
 
@@ -295,7 +306,7 @@ _LOCK_BATCHES = (
 _RENEW_STATE = (
     "WITH mine AS (SELECT seq, token, lease_id, "
     "(discard_at IS NOT NULL AND discard_at <= now()) AS dead FROM {s}.messages "
-    "WHERE seq = ANY(%(seqs)s) AND queue_id = " + _QUEUE_ID + "), "
+    "WHERE seq = ANY(" + _SEQS + ") AND queue_id = " + _QUEUE_ID + "), "
     "members AS (SELECT lease_id, count(*) AS n FROM {s}.messages "
     "WHERE lease_id IN (SELECT lease_id FROM mine) GROUP BY lease_id) "
     "SELECT mine.seq, mine.token, mine.lease_id, mine.dead, members.n "
@@ -314,18 +325,10 @@ _RENEW_MOVE = (
     "SELECT " + _QUEUE_ID + ", now() + make_interval(secs => %(seconds)s) RETURNING id, "
     "expires_at) "
     "UPDATE {s}.messages m SET lease_id = batch.id, visible_at = batch.expires_at "
-    "FROM batch, unnest(%(seqs)s::bigint[], %(tokens)s::bigint[]) AS r(seq, token) "
+    "FROM batch, " + _PAIRS + " "
     "WHERE m.seq = r.seq AND m.token = r.token "
     "AND (m.discard_at IS NULL OR m.discard_at > now()) "
     "RETURNING m.seq, batch.expires_at"
-)
-
-#: The receipts of a call, given as one text parameter (``"seq.token,seq.token"``,
-#: checked by :data:`_RECEIPTS` first) and split by the server: one parameter to
-#: send instead of two arrays built and quoted element by element in Python.
-_PAIRS = (
-    "(SELECT split_part(x, '.', 1)::bigint AS seq, split_part(x, '.', 2)::bigint AS token "
-    "FROM unnest(string_to_array(%(receipts)s, ',')) AS x) AS r"
 )
 
 _HELD = (
@@ -517,13 +520,15 @@ class _Watchdog:
         if thread is not None and thread is not threading.current_thread():
             thread.join(1.0)
 
-    @contextmanager
-    def guard(self, fd: int, timeout: float | None) -> Iterator[list[bool]]:
-        """Watch the call on socket ``fd`` for ``timeout`` seconds; yields ``[cut]``."""
-        cut = [False]
+    def watch(self, fd: int, timeout: float | None) -> tuple[int, list[bool]] | None:
+        """Watch the call on socket ``fd`` for ``timeout`` seconds: its key and ``[cut]``.
+
+        ``None`` when there is nothing to watch (no deadline, no socket). The
+        caller gives the key to :meth:`unwatch` when the call ends (in a ``finally``).
+        """
         if timeout is None or fd < 0:
-            yield cut
-            return
+            return None
+        cut = [False]
         key = next(self._ids)
         with self._cond:
             self._calls[key] = (fd, cut)
@@ -535,11 +540,22 @@ class _Watchdog:
                 self._thread.start()
             elif self._heap[0][1] == key:
                 self._cond.notify()
+        return key, cut
+
+    def unwatch(self, key: int) -> None:
+        """The call ended: its connection is not to be cut."""
+        with self._cond:
+            self._calls.pop(key, None)
+
+    @contextmanager
+    def guard(self, fd: int, timeout: float | None) -> Iterator[list[bool]]:
+        """Watch the call on socket ``fd`` for ``timeout`` seconds; yields ``[cut]``."""
+        watched = self.watch(fd, timeout)
         try:
-            yield cut
+            yield [False] if watched is None else watched[1]
         finally:
-            with self._cond:
-                self._calls.pop(key, None)
+            if watched is not None:
+                self.unwatch(watched[0])
 
     def _run(self) -> None:
         me = threading.current_thread()
@@ -785,25 +801,33 @@ class PostgresqlDriver(Driver):
         """A pooled connection for one transaction, bounded by core's deadline."""
         timeout = call_timeout(None)
         started = time.monotonic()
-        pool = self._shared.get(timeout)
+        shared = self._shared
+        pool = shared.get(timeout)
         conn = self._take(pool, started + (3600.0 if timeout is None else timeout))
+        watched = None
         try:
-            with conn:  # commit, or roll back on an error
-                left = None if timeout is None else timeout - (time.monotonic() - started)
-                fd = conn.pgconn.socket
-                with self._shared.watchdog.guard(fd, left) as cut:
-                    try:
-                        self._statement_timeout(conn, left)
-                        if migrate and not self._shared.migrated:
-                            self._migrate(conn, create=False)
-                        yield conn
-                    except Exception as exc:
-                        if cut[0]:
-                            raise DeadlineExceeded(
-                                "postgresql: the call's deadline passed; its connection was cut"
-                            ) from exc
-                        raise
+            left = None if timeout is None else timeout - (time.monotonic() - started)
+            fd = conn.pgconn.socket
+            watched = shared.watchdog.watch(fd, left)
+            try:
+                self._statement_timeout(conn, left, fd)
+                if migrate and not shared.migrated:
+                    self._migrate(conn, create=False)
+                yield conn
+            except BaseException:
+                with conn:  # rolls back what the call left open (a no-op if nothing)
+                    raise
+            if conn.info.transaction_status != _IDLE:
+                conn.commit()  # autocommit: only a call's own BEGIN leaves one open
+        except Exception as exc:
+            if watched is not None and watched[1][0]:
+                raise DeadlineExceeded(
+                    "postgresql: the call's deadline passed; its connection was cut"
+                ) from exc
+            raise
         finally:
+            if watched is not None:
+                shared.watchdog.unwatch(watched[0])
             pool.putconn(conn)
 
     def _take(self, pool: ConnectionPool[Any], until: float) -> psycopg.Connection[Any]:
@@ -823,10 +847,11 @@ class PostgresqlDriver(Driver):
         conn = pool.getconn(timeout=max(until - time.monotonic(), 0.001))
         return conn
 
-    def _statement_timeout(self, conn: psycopg.Connection[Any], left: float | None) -> None:
+    def _statement_timeout(
+        self, conn: psycopg.Connection[Any], left: float | None, fd: int
+    ) -> None:
         """Keep the session's statement_timeout at the step of the time left (SET on a change)."""
         step = 0 if left is None else _timeout_step(max(left, 0.001))
-        fd = conn.pgconn.socket
         key = id(conn)
         if self._fds_timeouts.get(key) == step and getattr(conn, "_leasekit_fd", None) == fd:
             return
@@ -995,7 +1020,11 @@ class PostgresqlDriver(Driver):
         ]
         if not seqs:
             return results
-        params: dict[str, Any] = {"queue": self.queue, "seqs": seqs, "seconds": float(seconds)}
+        params: dict[str, Any] = {
+            "queue": self.queue,
+            "seqs": ",".join(map(str, seqs)),
+            "seconds": float(seconds),
+        }
         with self._connection() as conn:
             # Two round trips: BEGIN, lock, read; then the updates and COMMIT. (An
             # error rolls back: leaving the connection's block does.)
@@ -1033,8 +1062,7 @@ class PostgresqlDriver(Driver):
                     params["batches"] = sorted(whole)
                     renewed = conn.execute(self._q("renew", _RENEW_BATCHES), params)
                 if moving:
-                    params["seqs"] = [s for s, _ in moving]
-                    params["tokens"] = [t for _, t in moving]
+                    params["receipts"] = ",".join(f"{s}.{t}" for s, t in moving)
                     moved_rows = conn.execute(self._q("move", _RENEW_MOVE), params)
                 if conn.info.transaction_status != _IDLE:
                     conn.execute("COMMIT")
