@@ -338,19 +338,26 @@ _HELD = (
 )
 
 #: A settle answers with one row: how many it settled and, only when that is
-#: fewer than it was given, which (so a full batch decodes one number, not a row
-#: per message).
-_SETTLED = "SELECT count(*)::int, CASE WHEN count(*) < %(n)s THEN array_agg(seq) END FROM done"
+#: fewer than it was given, which (``seq.token``: a stale receipt of a message
+#: settled by its current one in the same call is told apart), so a full batch
+#: decodes one number, not a row per message.
+_SETTLED = (
+    "SELECT count(*)::int, CASE WHEN count(*) < %(n)s "
+    "THEN array_agg(seq::text || '.' || token::text) END FROM done"
+)
 
 _DELETE = (
-    "WITH done AS (DELETE FROM {s}.messages m USING " + _HELD[5:] + " RETURNING m.seq) " + _SETTLED
+    "WITH done AS (DELETE FROM {s}.messages m USING "
+    + _HELD[5:]
+    + " RETURNING m.seq, r.token) "
+    + _SETTLED
 )
 
 _ABANDON = (
     "WITH done AS (UPDATE {s}.messages m SET lease_id = NULL, token = NULL, "
     "visible_at = now() + make_interval(secs => %(delay)s) "
     + _HELD
-    + " RETURNING m.seq) "
+    + " RETURNING m.seq, r.token) "
     + _SETTLED
 )
 
@@ -1105,13 +1112,13 @@ class PostgresqlDriver(Driver):
                 self._check_exists(conn)
         if whole and count == len(receipts):
             return [None] * len(receipts)
-        settled = set(done or ())
+        settled = {_receipt(r) for r in done or ()}
         results: list[BaseException | None] = []
         for r in receipts:
             p = _receipt(r)
             results.append(
                 None
-                if p is not None and p[0] in settled
+                if p is not None and p in settled
                 else _lost(f"receipt {r!r} is stale or its message is gone")
             )
         return results

@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import pytest
@@ -306,6 +307,51 @@ def test_the_keeper_renews_a_receive_batch_in_one_call_without_rewriting_message
             assert int(postgres_server.psql(f"SELECT count(*) FROM {schema}.leases")) == 1
         assert q.complete_many(leases) == [None] * 100
         q.delete()
+
+
+# ------------------------------------------------------------- batched settles
+
+
+@pytest.mark.parametrize("action", ["delete", "abandon"])
+def test_a_settle_batch_answers_per_receipt_when_some_are_stale_malformed_or_repeated(
+    postgres_server: LocalPostgres, action: str
+) -> None:
+    """One statement settles the batch; only a short answer names which receipts worked."""
+    with _open(postgres_server, f"mixed-{uuid.uuid4().hex[:8]}", create=True) as q:
+        driver = q.driver
+        q.send_many([b"a", b"b", b"c"])
+        a, b, c = (m.receipt for m in driver.receive(3, 30.0, 0.0))
+        seq, _, token = a.partition(".")
+        stale = f"{seq}.{int(token) % 9_000_000_000_000_000 + 1}"  # the right row, a wrong token
+        receipts = [a, stale, "1.\u00b2", f"{b},{c}", "", b, c, "12345678901234567890.1", a]
+        call = driver.delete if action == "delete" else partial(driver.abandon, delay=60.0)
+        results = call(receipts)
+        settled = [r is None for r in results]
+        # a, b and c settle (each repeat of a settled receipt reads as settled);
+        # the stale token, the malformed ones and the too-long number do not.
+        assert settled == [True, False, False, False, False, True, True, False, True]
+        for result in results:
+            if result is not None:
+                assert isinstance(result, Exception) and "stale" in str(result)
+        assert all(r is not None for r in call([a, b, c])), "a receipt worked twice"
+        # A whole batch that matches answers with its count alone.
+        q.send_many([b"d", b"e"])
+        fresh = [m.receipt for m in driver.receive(2, 30.0, 0.0)]
+        assert call(fresh) == [None, None]
+        q.delete_queue()
+
+
+def test_a_batch_of_only_malformed_receipts_still_finds_a_missing_queue(
+    postgres_server: LocalPostgres,
+) -> None:
+    name = f"gone-{uuid.uuid4().hex[:8]}"
+    q = _open(postgres_server, name, create=True)
+    driver = q.driver
+    q.delete_queue()
+    with pytest.raises(Exception) as caught:
+        driver.delete(["not-a-receipt"])
+    assert getattr(caught.value, "code", None) is ErrorCode.QUEUE_NOT_FOUND
+    q.close()
 
 
 # ------------------------------------------------------------------ deadlines
