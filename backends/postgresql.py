@@ -1109,6 +1109,8 @@ class PostgresqlDriver(Driver):
         The statement answers with how many it settled; only when that is fewer
         than given does it name which (then the call checks the queue exists).
         """
+        if not receipts:
+            return []
         joined, whole = _joined(receipts)
         params = {"queue": self.queue, "receipts": joined, "n": len(receipts), **extra}
         count, done = 0, None
