@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/bench_postgresql.py throughput --messages 30000 --batch 100 \\
         --rounds 5 --pgmq-sql pgmq-extension/sql/pgmq.sql
     .venv/bin/python benchmarks/bench_postgresql.py cost --messages 20000 --batch 100 \\
-        --rounds 5 [--old-driver FILE] [--profile]
+        --rounds 5 [--old-driver FILE] [--profile] [--statements]
     .venv/bin/python benchmarks/bench_postgresql.py peers --messages 5000 --rounds 3 \\
         --pgmq-sql pgmq-extension/sql/pgmq.sql
 
@@ -42,7 +42,9 @@ message (the postmaster and its backends, from ``/proc``): leasekit minus
 driver is core's share. ``--old-driver`` times another copy of
 ``backends/postgresql.py`` (an earlier commit's, ``git show
 REV:backends/postgresql.py > FILE``) in the same turns; ``--profile`` prints
-cProfile's top functions (CPU time) for the driver and for leasekit.
+cProfile's top functions (CPU time) for the driver and for leasekit;
+``--statements`` each statement's executor time per message
+(``pg_stat_statements``, preloaded in the server it starts).
 
 ``peers`` is the job shape of a task queue: enqueue N (each in its bulk form),
 then consume N with a no-op handler in one process, each the way its users
