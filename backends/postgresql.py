@@ -466,15 +466,16 @@ def _receipt(receipt: str) -> tuple[int, int] | None:
 def _joined(receipts: Sequence[str]) -> tuple[str, bool]:
     """The well-formed receipts as one ``"seq.token,..."`` text, and whether all were.
 
-    One join and one regular-expression match for a whole batch; only a batch
-    holding a malformed receipt is checked one by one.
+    One join and one regular-expression match for a whole batch (and a count of
+    its commas: one receipt holding a comma, ``"1.2,3.4"``, would otherwise
+    pass as two); only a batch holding a malformed receipt is checked one by one.
     """
     try:
         text = ",".join(receipts)
     except TypeError:
         text = ""
     else:
-        if _RECEIPTS.fullmatch(text) is not None:
+        if text.count(",") == len(receipts) - 1 and _RECEIPTS.fullmatch(text) is not None:
             return text, True
     return ",".join(r for r in receipts if _receipt(r) is not None), False
 

@@ -334,6 +334,11 @@ def test_a_settle_batch_answers_per_receipt_when_some_are_stale_malformed_or_rep
             if result is not None:
                 assert isinstance(result, Exception) and "stale" in str(result)
         assert all(r is not None for r in call([a, b, c])), "a receipt worked twice"
+        # One receipt holding a comma, among well-formed ones only, is one bad receipt.
+        q.send_many([b"f", b"g", b"h"])
+        f, g, h = (m.receipt for m in driver.receive(3, 30.0, 0.0))
+        assert [r is None for r in call([f, f"{g},{h}"])] == [True, False]
+        assert call([g, h]) == [None, None], "the comma receipt settled g or h"
         # A whole batch that matches answers with its count alone.
         q.send_many([b"d", b"e"])
         fresh = [m.receipt for m in driver.receive(2, 30.0, 0.0)]
