@@ -834,7 +834,7 @@ class PostgresqlDriver(Driver):
             except BaseException:
                 with conn:  # rolls back what the call left open (a no-op if nothing)
                     raise
-            if conn.info.transaction_status != _IDLE:
+            if conn.pgconn.transaction_status != _IDLE:
                 conn.commit()  # autocommit: only a call's own BEGIN leaves one open
         except Exception as exc:
             if watched is not None and watched[1][0]:
