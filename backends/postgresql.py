@@ -64,6 +64,7 @@ import itertools
 import json
 import math
 import os
+import re
 import socket
 import threading
 import time
@@ -281,11 +282,22 @@ _RECEIVE = (
 
 _EXISTS = "SELECT 1 FROM {s}.queues WHERE name = %(queue)s"
 
+#: The receipts of a call, given as one text parameter (``"seq.token,seq.token"``,
+#: checked by :data:`_RECEIPTS` first) and split by the server: one parameter to
+#: send instead of two arrays built and quoted element by element in Python.
+_PAIRS = (
+    "(SELECT split_part(x, '.', 1)::bigint AS seq, split_part(x, '.', 2)::bigint AS token "
+    "FROM unnest(string_to_array(%(receipts)s, ',')) AS x) AS r"
+)
+
+#: Message numbers given as one text parameter (``"seq,seq"``), split by the server.
+_SEQS = "string_to_array(%(seqs)s, ',')::bigint[]"
+
 #: Lock the lease batches of the given messages, in id order (no deadlock between
 #: two renewals): a receive's reaping skips them, a concurrent renewal waits.
 _LOCK_BATCHES = (
     "SELECT l.id FROM {s}.leases l WHERE l.id IN ("
-    "SELECT lease_id FROM {s}.messages WHERE seq = ANY(%(seqs)s)) "
+    "SELECT lease_id FROM {s}.messages WHERE seq = ANY(" + _SEQS + ")) "
     "ORDER BY l.id FOR UPDATE OF l"
 )
 
@@ -294,7 +306,7 @@ _LOCK_BATCHES = (
 _RENEW_STATE = (
     "WITH mine AS (SELECT seq, token, lease_id, "
     "(discard_at IS NOT NULL AND discard_at <= now()) AS dead FROM {s}.messages "
-    "WHERE seq = ANY(%(seqs)s) AND queue_id = " + _QUEUE_ID + "), "
+    "WHERE seq = ANY(" + _SEQS + ") AND queue_id = " + _QUEUE_ID + "), "
     "members AS (SELECT lease_id, count(*) AS n FROM {s}.messages "
     "WHERE lease_id IN (SELECT lease_id FROM mine) GROUP BY lease_id) "
     "SELECT mine.seq, mine.token, mine.lease_id, mine.dead, members.n "
@@ -313,23 +325,40 @@ _RENEW_MOVE = (
     "SELECT " + _QUEUE_ID + ", now() + make_interval(secs => %(seconds)s) RETURNING id, "
     "expires_at) "
     "UPDATE {s}.messages m SET lease_id = batch.id, visible_at = batch.expires_at "
-    "FROM batch, unnest(%(seqs)s::bigint[], %(tokens)s::bigint[]) AS r(seq, token) "
+    "FROM batch, " + _PAIRS + " "
     "WHERE m.seq = r.seq AND m.token = r.token "
     "AND (m.discard_at IS NULL OR m.discard_at > now()) "
     "RETURNING m.seq, batch.expires_at"
 )
 
 _HELD = (
-    "FROM unnest(%(seqs)s::bigint[], %(tokens)s::bigint[]) AS r(seq, token) "
+    "FROM " + _PAIRS + " "
     "WHERE m.seq = r.seq AND m.token = r.token AND m.queue_id = " + _QUEUE_ID + " "
     "AND (m.discard_at IS NULL OR m.discard_at > now())"
 )
 
-_DELETE = "DELETE FROM {s}.messages m USING " + _HELD[5:] + " RETURNING m.seq"
+#: A settle answers with one row: how many it settled and, only when that is
+#: fewer than it was given, which (``seq.token``: a stale receipt of a message
+#: settled by its current one in the same call is told apart), so a full batch
+#: decodes one number, not a row per message.
+_SETTLED = (
+    "SELECT count(*)::int, CASE WHEN count(*) < %(n)s "
+    "THEN array_agg(seq::text || '.' || token::text) END FROM done"
+)
+
+_DELETE = (
+    "WITH done AS (DELETE FROM {s}.messages m USING "
+    + _HELD[5:]
+    + " RETURNING m.seq, r.token) "
+    + _SETTLED
+)
 
 _ABANDON = (
-    "UPDATE {s}.messages m SET lease_id = NULL, token = NULL, "
-    "visible_at = now() + make_interval(secs => %(delay)s) " + _HELD + " RETURNING m.seq"
+    "WITH done AS (UPDATE {s}.messages m SET lease_id = NULL, token = NULL, "
+    "visible_at = now() + make_interval(secs => %(delay)s) "
+    + _HELD
+    + " RETURNING m.seq, r.token) "
+    + _SETTLED
 )
 
 _DEAD_LETTER = (
@@ -420,12 +449,35 @@ def _lost(what: str) -> DriverError:
     return DriverError(ErrorCode.LEASE_LOST, what, backend_code="LeaseLost")
 
 
+#: One well-formed receipt (ASCII digits only: ``str.isdigit`` would let ``"²"`` by).
+_RECEIPT = re.compile(r"[0-9]{1,18}\.[0-9]{1,18}")
+#: A comma-joined list of well-formed receipts, checked in one match.
+_RECEIPTS = re.compile(r"[0-9]{1,18}\.[0-9]{1,18}(?:,[0-9]{1,18}\.[0-9]{1,18})*")
+
+
 def _receipt(receipt: str) -> tuple[int, int] | None:
     """``(seq, token)`` from ``"seq.token"``; ``None`` if malformed (it reads as stale)."""
-    head, dot, tail = receipt.partition(".")
-    if not dot or not head.isdigit() or not tail.isdigit() or len(head) > 18 or len(tail) > 18:
+    if not isinstance(receipt, str) or _RECEIPT.fullmatch(receipt) is None:
         return None
+    head, _, tail = receipt.partition(".")
     return int(head), int(tail)
+
+
+def _joined(receipts: Sequence[str]) -> tuple[str, bool]:
+    """The well-formed receipts as one ``"seq.token,..."`` text, and whether all were.
+
+    One join and one regular-expression match for a whole batch (and a count of
+    its commas: one receipt holding a comma, ``"1.2,3.4"``, would otherwise
+    pass as two); only a batch holding a malformed receipt is checked one by one.
+    """
+    try:
+        text = ",".join(receipts)
+    except TypeError:
+        text = ""
+    else:
+        if text.count(",") == len(receipts) - 1 and _RECEIPTS.fullmatch(text) is not None:
+            return text, True
+    return ",".join(r for r in receipts if _receipt(r) is not None), False
 
 
 def _props(value: Any) -> dict[str, str]:
@@ -476,13 +528,15 @@ class _Watchdog:
         if thread is not None and thread is not threading.current_thread():
             thread.join(1.0)
 
-    @contextmanager
-    def guard(self, fd: int, timeout: float | None) -> Iterator[list[bool]]:
-        """Watch the call on socket ``fd`` for ``timeout`` seconds; yields ``[cut]``."""
-        cut = [False]
+    def watch(self, fd: int, timeout: float | None) -> tuple[int, list[bool]] | None:
+        """Watch the call on socket ``fd`` for ``timeout`` seconds: its key and ``[cut]``.
+
+        ``None`` when there is nothing to watch (no deadline, no socket). The
+        caller gives the key to :meth:`unwatch` when the call ends (in a ``finally``).
+        """
         if timeout is None or fd < 0:
-            yield cut
-            return
+            return None
+        cut = [False]
         key = next(self._ids)
         with self._cond:
             self._calls[key] = (fd, cut)
@@ -494,11 +548,31 @@ class _Watchdog:
                 self._thread.start()
             elif self._heap[0][1] == key:
                 self._cond.notify()
+        return key, cut
+
+    def unwatch(self, key: int) -> None:
+        """The call ended: its connection is not to be cut.
+
+        Finished calls at the top of the heap are dropped here: calls mostly end
+        in the order they began, so the heap holds about the calls in flight,
+        not every call of the last ``timeout`` seconds (thousands a second under
+        load) for the watchdog thread to pop at once, holding the lock.
+        """
+        with self._cond:
+            self._calls.pop(key, None)
+            heap, calls = self._heap, self._calls
+            while heap and heap[0][1] not in calls:
+                heapq.heappop(heap)
+
+    @contextmanager
+    def guard(self, fd: int, timeout: float | None) -> Iterator[list[bool]]:
+        """Watch the call on socket ``fd`` for ``timeout`` seconds; yields ``[cut]``."""
+        watched = self.watch(fd, timeout)
         try:
-            yield cut
+            yield [False] if watched is None else watched[1]
         finally:
-            with self._cond:
-                self._calls.pop(key, None)
+            if watched is not None:
+                self.unwatch(watched[0])
 
     def _run(self) -> None:
         me = threading.current_thread()
@@ -691,7 +765,7 @@ class PostgresqlDriver(Driver):
             _shared = _Shared(conninfo, kwargs, pool_size=size)
         self._shared = _shared
         self._where = _describe(_shared.conninfo, _shared.kwargs)
-        self._sql: dict[str, Any] = {}
+        self._sql: dict[str, str] = {}
         self._last_purge = 0.0
         self._last_reap = 0.0
         self._fds_timeouts: dict[int, int] = {}
@@ -721,41 +795,56 @@ class PostgresqlDriver(Driver):
     # ------------------------------------------------------------- plumbing
 
     def _q(self, name: str, text: str) -> Any:
-        """The statement ``text`` with this driver's schema, composed once."""
-        composed = self._sql.get(name)
-        if composed is None:
+        """The statement ``text`` with this driver's schema, composed once, as text.
+
+        Text, not a ``Composed``: psycopg would render a ``Composed`` anew at every
+        execution; a string it only encodes (in the connection's encoding), and
+        its parsed form is cached by psycopg and, once prepared, by the server.
+        """
+        rendered = self._sql.get(name)
+        if rendered is None:
             from psycopg import sql
 
-            composed = sql.SQL(text.replace("{s}", "{schema}")).format(
-                schema=sql.Identifier(self.schema)
+            rendered = (
+                sql.SQL(text.replace("{s}", "{schema}"))
+                .format(schema=sql.Identifier(self.schema))
+                .as_string(None)
             )
-            self._sql[name] = composed
-        return composed
+            self._sql[name] = rendered
+        return rendered
 
     @contextmanager
     def _connection(self, *, migrate: bool = True) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection for one transaction, bounded by core's deadline."""
         timeout = call_timeout(None)
         started = time.monotonic()
-        pool = self._shared.get(timeout)
+        shared = self._shared
+        pool = shared.get(timeout)
         conn = self._take(pool, started + (3600.0 if timeout is None else timeout))
+        watched = None
         try:
-            with conn:  # commit, or roll back on an error
-                left = None if timeout is None else timeout - (time.monotonic() - started)
-                fd = conn.pgconn.socket
-                with self._shared.watchdog.guard(fd, left) as cut:
-                    try:
-                        self._statement_timeout(conn, left)
-                        if migrate and not self._shared.migrated:
-                            self._migrate(conn, create=False)
-                        yield conn
-                    except Exception as exc:
-                        if cut[0]:
-                            raise DeadlineExceeded(
-                                "postgresql: the call's deadline passed; its connection was cut"
-                            ) from exc
-                        raise
+            left = None if timeout is None else timeout - (time.monotonic() - started)
+            fd = conn.pgconn.socket
+            watched = shared.watchdog.watch(fd, left)
+            try:
+                self._statement_timeout(conn, left, fd)
+                if migrate and not shared.migrated:
+                    self._migrate(conn, create=False)
+                yield conn
+            except BaseException:
+                with conn:  # rolls back what the call left open (a no-op if nothing)
+                    raise
+            if conn.pgconn.transaction_status != _IDLE:
+                conn.commit()  # autocommit: only a call's own BEGIN leaves one open
+        except Exception as exc:
+            if watched is not None and watched[1][0]:
+                raise DeadlineExceeded(
+                    "postgresql: the call's deadline passed; its connection was cut"
+                ) from exc
+            raise
         finally:
+            if watched is not None:
+                shared.watchdog.unwatch(watched[0])
             pool.putconn(conn)
 
     def _take(self, pool: ConnectionPool[Any], until: float) -> psycopg.Connection[Any]:
@@ -775,10 +864,11 @@ class PostgresqlDriver(Driver):
         conn = pool.getconn(timeout=max(until - time.monotonic(), 0.001))
         return conn
 
-    def _statement_timeout(self, conn: psycopg.Connection[Any], left: float | None) -> None:
+    def _statement_timeout(
+        self, conn: psycopg.Connection[Any], left: float | None, fd: int
+    ) -> None:
         """Keep the session's statement_timeout at the step of the time left (SET on a change)."""
         step = 0 if left is None else _timeout_step(max(left, 0.001))
-        fd = conn.pgconn.socket
         key = id(conn)
         if self._fds_timeouts.get(key) == step and getattr(conn, "_leasekit_fd", None) == fd:
             return
@@ -894,24 +984,32 @@ class PostgresqlDriver(Driver):
             reaped = now - self._last_reap >= REAP_EVERY
             if reaped:
                 self._reap(conn, params, now)
-            rows = conn.execute(self._q("receive", _RECEIVE), params).fetchall()
+            # Binary results: bodies and times arrive as they are stored, not
+            # hex and text psycopg would parse (a fifth less client CPU per row).
+            receive = self._q("receive", _RECEIVE)
+            rows = conn.execute(receive, params, binary=True).fetchall()
             if len(rows) < max_messages and not reaped and self._reap(conn, params, now):
                 # Expired batches were given back: take from them too.
                 params["limit"] = max_messages - len(rows)
-                rows += conn.execute(self._q("receive", _RECEIVE), params).fetchall()
+                rows += conn.execute(receive, params, binary=True).fetchall()
             if not rows:
                 self._check_exists(conn)
                 return []
+        # Positional arguments (id, body, receipt, delivery_count, enqueued_at,
+        # visible_until, properties, raw, checkpoint, group): a third cheaper than
+        # keywords, at one message object per row.
         return [
             RawMessage(
-                id=message_id,
-                body=body,
-                receipt=receipt,
-                delivery_count=count,
-                enqueued_at=enqueued_at,
-                visible_until=until,
-                properties=_props(props),
-                group=group,
+                message_id,
+                body,
+                receipt,
+                count,
+                enqueued_at,
+                until,
+                _props(props) if props else {},
+                None,
+                None,
+                group,
             )
             for message_id, body, props, enqueued_at, count, receipt, until, group in rows
         ]
@@ -939,7 +1037,11 @@ class PostgresqlDriver(Driver):
         ]
         if not seqs:
             return results
-        params: dict[str, Any] = {"queue": self.queue, "seqs": seqs, "seconds": float(seconds)}
+        params: dict[str, Any] = {
+            "queue": self.queue,
+            "seqs": ",".join(map(str, seqs)),
+            "seconds": float(seconds),
+        }
         with self._connection() as conn:
             # Two round trips: BEGIN, lock, read; then the updates and COMMIT. (An
             # error rolls back: leaving the connection's block does.)
@@ -977,8 +1079,7 @@ class PostgresqlDriver(Driver):
                     params["batches"] = sorted(whole)
                     renewed = conn.execute(self._q("renew", _RENEW_BATCHES), params)
                 if moving:
-                    params["seqs"] = [s for s, _ in moving]
-                    params["tokens"] = [t for _, t in moving]
+                    params["receipts"] = ",".join(f"{s}.{t}" for s, t in moving)
                     moved_rows = conn.execute(self._q("move", _RENEW_MOVE), params)
                 if conn.info.transaction_status != _IDLE:
                     conn.execute("COMMIT")
@@ -1004,34 +1105,40 @@ class PostgresqlDriver(Driver):
     def _settle(
         self, name: str, text: str, receipts: Sequence[str], extra: dict[str, Any]
     ) -> list[BaseException | None]:
-        parsed = [_receipt(r) for r in receipts]
-        pairs = [p for p in parsed if p is not None]
-        params = {
-            "queue": self.queue,
-            "seqs": [s for s, _ in pairs],
-            "tokens": [t for _, t in pairs],
-            **extra,
-        }
+        """One fenced statement for the batch; per receipt ``None`` (settled) or ``LeaseLost``.
+
+        The statement answers with how many it settled; only when that is fewer
+        than given does it name which (then the call checks the queue exists).
+        """
+        if not receipts:
+            return []
+        joined, whole = _joined(receipts)
+        params = {"queue": self.queue, "receipts": joined, "n": len(receipts), **extra}
+        count, done = 0, None
         with self._connection() as conn:
-            done = {seq for (seq,) in conn.execute(self._q(name, text), params)} if pairs else set()
-            if len(done) < len(receipts):
+            if joined:
+                row = conn.execute(self._q(name, text), params).fetchone()
+                if row is not None:
+                    count, done = row
+            if count < len(receipts) or not whole:
                 self._check_exists(conn)
-        return [
-            None
-            if p is not None and p[0] in done
-            else _lost(f"receipt {r!r} is stale or its message is gone")
-            for r, p in zip(receipts, parsed, strict=True)
-        ]
+        if whole and count == len(receipts):
+            return [None] * len(receipts)
+        settled = {_receipt(r) for r in done or ()}
+        results: list[BaseException | None] = []
+        for r in receipts:
+            p = _receipt(r)
+            results.append(
+                None
+                if p is not None and p in settled
+                else _lost(f"receipt {r!r} is stale or its message is gone")
+            )
+        return results
 
     def dead_letter(self, receipt: str, reason: str, message: RawMessage) -> None:
         """Move the leased message to the dead-letter table, in one statement."""
         p = _receipt(receipt)
-        params = {
-            "queue": self.queue,
-            "seqs": [p[0]] if p else [],
-            "tokens": [p[1]] if p else [],
-            "reason": reason,
-        }
+        params = {"queue": self.queue, "receipts": receipt if p else "", "reason": reason}
         with self._connection() as conn:
             if conn.execute(self._q("dead_letter", _DEAD_LETTER), params).fetchone() is None:
                 self._check_exists(conn)

