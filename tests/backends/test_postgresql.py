@@ -278,7 +278,7 @@ def test_a_stale_receipt_renewed_with_the_new_holders_changes_nothing(
         second = q.lease(2, duration=30, wait=3)
         assert {lz.message.body for lz in second} == {b"a", b"b"}
         # The old receipts, in one renewal call with the new holders' receipts.
-        old = [Lease(q, lz.message, lz.receipt, lz.expires_at, 30, None) for lz in first]
+        old = [Lease(q, lz.message, lz.receipt, lz.expires_at, 30, lz.raw_message) for lz in first]
         results = q.renew_many([*old, *second], 30)
         assert [type(r) for r in results[:2]] == [LeaseLost, LeaseLost]
         assert results[2:] == [None, None]
