@@ -253,7 +253,7 @@ def hold_leasekit(pg: LocalPostgres, n: int, lease: float, seconds: float) -> di
     }
     for start in range(0, n, 500):
         queue.complete_many(leases[start : start + 500])
-    queue.delete()
+    queue.delete_queue()
     queue.close()
     return result
 
@@ -498,7 +498,7 @@ def drain(pg: LocalPostgres, kind: str, procs: int, messages: int, batch: int) -
     assert done == messages, f"{kind}: drained {done} of {messages}"
     if kind == "leasekit":
         with leasekit.open(pg.url(), queue=name) as queue:
-            queue.delete()
+            queue.delete_queue()
     if kind == "pgmq":
         with psycopg.connect(pg.url(), autocommit=True) as conn:
             conn.execute("SELECT pgmq.drop_queue(%s)", [name])
