@@ -6,7 +6,8 @@ URLs:
     ``lock_duration`` (seconds, see Limits), ``max_message_size``, ``max_wait``,
     ``retry_total``, ``read_timeout`` (seconds an operation may wait for the
     service's answer, default 10: the SDK's ``timeout`` and ``try_timeout``; a
-    renewal is bounded tighter, by the time left on its lease). The SDK opens
+    renewal is bounded tighter, by the time left on its lease), ``receivers``
+    (receive links, default 1, at most 16; see Connections). The SDK opens
     connections with a fixed 1 s connect timeout. Credentials are keyword options
     only and are refused in a URL:
     ``connection_string=...`` (a namespace connection string, or one with
@@ -16,9 +17,9 @@ URLs:
     with a connection string the namespace comes from its ``Endpoint``. The
     connection string never appears in a repr, a log line or an error message.
     Constructing the driver does no network I/O: one ``ServiceBusClient``, one
-    sender and one PeekLock receiver (``prefetch_count=0``) are made on first use
-    and reused; :meth:`ServiceBusDriver.close` closes all three, which stops the
-    SDK's keep-alive thread and closes the sockets.
+    sender and ``receivers`` PeekLock receivers (``prefetch_count=0``) are made on
+    first use and reused; :meth:`ServiceBusDriver.close` closes them all, which
+    stops the SDK's keep-alive threads and closes the sockets.
 
 Delivery semantics:
     At least once. A lease is a PeekLock receive: the message is locked for the
@@ -76,10 +77,32 @@ Delivery semantics:
     dropped here (the service redelivers it). (2) The SDK takes concurrent calls on
     one handler (its own ``AutoLockRenewer`` renews from a thread pool), but it
     holds its socket lock through each blocking read, so calls side by side wait
-    for each other's reads: the driver takes turns on the receiver's connection,
+    for each other's reads: the driver takes turns on each receiver's connection,
     one SDK call at a time, settles and renewals before receives, which is 9 to 23
     times faster under a Consumer (1 to 8 threads) than letting them overlap
     (measured in docs/benchmarks/azure_service_bus.md).
+
+Connections:
+    The SDK gives every receiver (and the sender) its own AMQP connection
+    (``ServiceBusClient`` shares none), with one receive link and one management
+    link on it; there is no public way to put two receive links on one
+    connection, and they would share its socket lock anyway. With
+    ``receivers=N`` the driver keeps N receivers, each made (and its connection
+    opened) on the first receive that gets it: a receive takes the next receiver
+    with no call in progress or waiting, round robin
+    (``azure_service_bus_links``), so receives side by side run on different
+    connections and the settles of one batch run on their receiver while the
+    next receive runs on another. A message is settled and renewed only on the
+    receiver that received it (each token's receiver is in the map above;
+    renewals of several tokens go one ``renew-lock`` call per receiver). Each
+    receiver probes its own connection (``PROBE_AFTER``), and a reset loses the
+    locks of that connection only. Each extra receiver costs a connection, a
+    socket, the SDK's keep-alive thread, a probe every ``PROBE_AFTER`` seconds
+    while the queue is idle, and the first receive on it opens it; an idle
+    receiver whose last receive left credit can hold a newly sent message until
+    its next receive or the SDK's keep-alive release (at most 5 s), which more
+    receivers make more likely on a quiet queue. What it brings is measured in
+    docs/benchmarks/azure_service_bus.md.
 
     Creating and deleting queues: ``ServiceBusAdministrationClient`` (needs Manage
     rights), over HTTPS on Service Bus. With ``UseDevelopmentEmulator=true`` it is
