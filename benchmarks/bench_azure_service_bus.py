@@ -42,15 +42,21 @@ Run (about 3 minutes here)::
     .venv/bin/python benchmarks/bench_azure_service_bus.py --messages 1000 --repeat 3 \
         --concurrency 8 --locks 200 --hold 20 --lock 2
 
-Receive links (multi-link rows only, about 4 minutes)::
+Receive links (multi-link rows only, about 7 minutes)::
 
-    .venv/bin/python benchmarks/bench_azure_service_bus.py --messages 2000 --repeat 7 \
-        --concurrency 8 --links 2 4 --locks 0 --only-links
+    .venv/bin/python benchmarks/bench_azure_service_bus.py --messages 2000 --repeat 9 \
+        --concurrency 2 8 --links 2 4 --locks 0 --only-links
+
+``--latency-ms X`` puts the AMQP connections (raw and leasekit alike; the
+management API stays direct) behind the tests' fault proxy, run in a child
+process, delaying every chunk X ms each way: a service some distance away, where
+round trips rather than CPU bound one link.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -71,6 +77,7 @@ from azure.servicebus import (
     ServiceBusReceiveMode,
 )
 from azure.servicebus import __version__ as sdk_version
+from bench_asyncio import latency_proxy
 
 import leasekit
 from leasekit.emulators._process import LOOPBACK, ServerProcess, free_port, python_module
@@ -278,11 +285,12 @@ def _warm(queue: leasekit.Queue, links: int = 1) -> None:
         queue.lease(1, wait=0)
 
 
-def leasekit_loop(emu: Emulator, messages: int, lock: float) -> dict[str, float]:
+def leasekit_loop(emu: Emulator, messages: int, lock: float, links: int = 1) -> dict[str, float]:
+    """One thread: lease a batch, complete each; ``links`` is the driver's ``receivers``."""
     name = emu.queue(lock)
     try:
-        with _open(emu, name, lock) as queue:
-            _warm(queue)
+        with _open(emu, name, lock, receivers=links) as queue:
+            _warm(queue, links)
             with Timer() as send:
                 queue.send_many([BODY] * messages)
             done = 0
@@ -498,6 +506,12 @@ def main() -> None:
         action="store_true",
         help="skip the socket_timeout and leasekit-loop rows (the link rows and raw SDK only)",
     )
+    parser.add_argument(
+        "--latency-ms",
+        type=float,
+        default=0.0,
+        help="delay each AMQP chunk this long each way (a proxy in between)",
+    )
     parser.add_argument("--locks", type=int, default=200, help="0 skips the lock-holding part")
     parser.add_argument("--hold", type=float, default=20.0)
     parser.add_argument("--lock", type=float, default=2.0, help="LockDuration of the hold queues")
@@ -505,6 +519,10 @@ def main() -> None:
 
     emu = Emulator()
     Timer.emulator_pid = emu.process.pid
+    delayed = contextlib.ExitStack()
+    if args.latency_ms:
+        proxy_port = delayed.enter_context(latency_proxy(emu.port, args.latency_ms / 1000))
+        emu.connection_string = connection_string(LOOPBACK, proxy_port)
     try:
         scenarios: dict[str, Callable[[], dict[str, float]]] = {
             "raw SDK": lambda: raw_sdk(emu, args.messages, 30),
@@ -522,6 +540,12 @@ def main() -> None:
                 scenarios[raw] = lambda links=links: raw_sdk(  # type: ignore[misc]
                     emu, args.messages, 30, links=links
                 )
+                if not args.only_links:
+                    scenarios[f"leasekit, receivers={links} links"] = lambda links=links: (
+                        leasekit_loop(  # type: ignore[misc]
+                            emu, args.messages, 30, links
+                        )
+                    )
             for threads in args.concurrency:
                 label = f"leasekit.Consumer, concurrency {threads}"
                 if args.receivers != 1:
@@ -539,7 +563,7 @@ def main() -> None:
         print(
             f"Python {platform.python_version()}, azure-servicebus {sdk_version}, "
             f"{args.messages} messages x {args.repeat} rounds (medians, range in brackets; "
-            "ratios within a round)"
+            f"ratios within a round), {args.latency_ms:g} ms added each way"
         )
         if args.messages:
             _throughput_table(runs, raw_of)
@@ -577,6 +601,7 @@ def main() -> None:
                 f"{result['renew_failures']} | {result['lost']}{extra} |"
             )
     finally:
+        delayed.close()
         emu.close()
 
 
