@@ -102,7 +102,7 @@ Connections:
     receiver whose last receive left credit can hold a newly sent message until
     its next receive or the SDK's keep-alive release (at most 5 s), which more
     receivers make more likely on a quiet queue. What it brings is measured in
-    docs/benchmarks/azure_service_bus.md.
+    docs/benchmarks.md ("Service Bus: several receive links").
 
     Creating and deleting queues: ``ServiceBusAdministrationClient`` (needs Manage
     rights), over HTTPS on Service Bus. With ``UseDevelopmentEmulator=true`` it is
