@@ -9,7 +9,8 @@ URLs:
     named session), ``read_timeout`` (seconds an
     operation may wait for the
     service's answer, default 10: the SDK's ``timeout`` and ``try_timeout``; a
-    renewal is bounded tighter, by the time left on its lease). The SDK opens
+    renewal is bounded tighter, by the time left on its lease), ``receivers``
+    (receive links, default 1, at most 16; see Connections). The SDK opens
     connections with a fixed 1 s connect timeout. Credentials are keyword options
     only and are refused in a URL:
     ``connection_string=...`` (a namespace connection string, or one with
@@ -19,9 +20,9 @@ URLs:
     with a connection string the namespace comes from its ``Endpoint``. The
     connection string never appears in a repr, a log line or an error message.
     Constructing the driver does no network I/O: one ``ServiceBusClient``, one
-    sender and one PeekLock receiver (``prefetch_count=0``) are made on first use
-    and reused; :meth:`ServiceBusDriver.close` closes all three, which stops the
-    SDK's keep-alive thread and closes the sockets.
+    sender and ``receivers`` PeekLock receivers (``prefetch_count=0``) are made on
+    first use and reused; :meth:`ServiceBusDriver.close` closes them all, which
+    stops the SDK's keep-alive threads and closes the sockets.
 
 Delivery semantics:
     At least once. A lease is a PeekLock receive: the message is locked for the
@@ -79,10 +80,32 @@ Delivery semantics:
     dropped here (the service redelivers it). (2) The SDK takes concurrent calls on
     one handler (its own ``AutoLockRenewer`` renews from a thread pool), but it
     holds its socket lock through each blocking read, so calls side by side wait
-    for each other's reads: the driver takes turns on the receiver's connection,
+    for each other's reads: the driver takes turns on each receiver's connection,
     one SDK call at a time, settles and renewals before receives, which is 9 to 23
     times faster under a Consumer (1 to 8 threads) than letting them overlap
     (measured in docs/benchmarks/azure_service_bus.md).
+
+Connections:
+    The SDK gives every receiver (and the sender) its own AMQP connection
+    (``ServiceBusClient`` shares none), with one receive link and one management
+    link on it; there is no public way to put two receive links on one
+    connection, and they would share its socket lock anyway. With
+    ``receivers=N`` the driver keeps N receivers, each made (and its connection
+    opened) on the first receive that gets it: a receive takes the next receiver
+    with no call in progress or waiting, round robin
+    (``azure_service_bus_links``), so receives side by side run on different
+    connections and the settles of one batch run on their receiver while the
+    next receive runs on another. A message is settled and renewed only on the
+    receiver that received it (each token's receiver is in the map above;
+    renewals of several tokens go one ``renew-lock`` call per receiver). Each
+    receiver probes its own connection (``PROBE_AFTER``), and a reset loses the
+    locks of that connection only. Each extra receiver costs a connection, a
+    socket, the SDK's keep-alive thread, a probe every ``PROBE_AFTER`` seconds
+    while the queue is idle, and the first receive on it opens it; an idle
+    receiver whose last receive left credit can hold a newly sent message until
+    its next receive or the SDK's keep-alive release (at most 5 s), which more
+    receivers make more likely on a quiet queue. What it brings is measured in
+    docs/benchmarks.md ("Service Bus: several receive links").
 
     Creating and deleting queues: ``ServiceBusAdministrationClient`` (needs Manage
     rights), over HTTPS on Service Bus. With ``UseDevelopmentEmulator=true`` it is
@@ -145,7 +168,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from leasekit.capabilities import Capabilities
@@ -170,6 +193,8 @@ from leasekit.spi import (
     each,
 )
 from leasekit.url import check_endpoint
+
+from .azure_service_bus_links import ReceiveLink, ReceiveLinks
 
 __all__ = ["HEADER_ROOM", "ServiceBusDriver"]
 
@@ -234,6 +259,11 @@ PROBE_AFTER = 2.0
 #: Longest wait for the probe's answer: how long a partition may look like an
 #: idle queue once a probe is due. Loopback answers in about a millisecond.
 PROBE_TIMEOUT = 2.0
+#: SDK receivers per queue by default (each its own connection and receive link);
+#: see ``receive`` and docs/backends/azure_service_bus.md for what more cost and bring.
+DEFAULT_RECEIVERS = 1
+#: Most SDK receivers per queue: each is a connection, a socket and a keep-alive thread.
+MAX_RECEIVERS = 16
 #: The probe peeks from this sequence number: past any queue's end, so the
 #: answer carries no message (Service Bus answers 204 No Content).
 PROBE_SEQUENCE_NUMBER = 2**62
@@ -309,74 +339,8 @@ class _Held:
     #: The handler's AMQP connection when the message came (pyamqp replaces it
     #: inside the same handler when a management request meets a reset socket).
     connection: Any = None
-
-
-class _Gate:
-    """Turns on the receiver's connection: one SDK call at a time, settles and renewals first.
-
-    Not for safety: the SDK's handlers take concurrent calls (its own
-    ``AutoLockRenewer`` renews from a thread pool, and the service accepts the
-    management transfers that come out of order then). For speed: the SDK holds
-    its socket lock through each blocking read, so calls running side by side
-    wait for each other's reads to time out, call after call (a Consumer
-    completed 175 msg/s with 1 thread and 61 with 8 that way, against 1,522 and
-    1,405 taking turns; see docs/benchmarks/azure_service_bus.md). Here they
-    never overlap: a receive takes a short turn only when no settle or renewal
-    waits, and a waiting one goes next.
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._busy = False
-        self._waiting = 0
-
-    @contextlib.contextmanager
-    def priority(self, timeout: float | None) -> Iterator[None]:
-        """Hold the connection for a settle or renewal (waits for a receive's turn to end).
-
-        Waits at most ``timeout`` seconds (``None``: as long as it takes), then
-        raises :class:`~leasekit.deadline.DeadlineExceeded`: a call that cannot
-        get the connection in time fails on time instead of queueing behind a
-        hung one.
-        """
-        end = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            self._waiting += 1
-            try:
-                while self._busy:
-                    remaining = None if end is None else end - time.monotonic()
-                    if remaining is not None and remaining <= 0:
-                        raise DeadlineExceeded(
-                            "azure-service-bus: the connection stayed busy with another call "
-                            f"for {timeout:.2f} s"
-                        )
-                    self._cond.wait(remaining)
-            finally:
-                self._waiting -= 1
-            self._busy = True
-        try:
-            yield
-        finally:
-            self._release()
-
-    def take_turn(self, timeout: float) -> bool:
-        """Hold the connection for one receive turn; ``False`` if none came within ``timeout``."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while self._busy or self._waiting:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                self._cond.wait(remaining)
-            self._busy = True
-            return True
-
-    def _release(self) -> None:
-        with self._cond:
-            self._busy = False
-            self._cond.notify_all()
-
-    end_turn = _release
+    #: The receive link the message came on: its settles and renewals take turns there.
+    link: ReceiveLink = field(default_factory=lambda: ReceiveLink(-1))
 
 
 def _open_handler(handler: Any, timeout: float) -> None:
@@ -574,6 +538,9 @@ class ServiceBusDriver(Driver):
             session id, and leasing accepts sessions (:mod:`.azure_service_bus_sessions`).
         session: with ``sessions``, lease only this named session (default: the next
             available one).
+        receivers: SDK receivers (each its own AMQP connection and receive link)
+            that receives spread over, round robin (default ``DEFAULT_RECEIVERS``,
+            at most ``MAX_RECEIVERS``); each opens on first use.
     """
 
     scheme = "azure-service-bus"
@@ -596,6 +563,7 @@ class ServiceBusDriver(Driver):
         admin_port: int | str = DEFAULT_ADMIN_PORT,
         sessions: bool | str = False,
         session: str | None = None,
+        receivers: int | str = DEFAULT_RECEIVERS,
     ) -> None:
         install_log_redaction(SDK_LOGGERS)
         parts: dict[str, str] = {}
@@ -659,6 +627,7 @@ class ServiceBusDriver(Driver):
             max_message_size, "max_message_size", minimum=HEADER_ROOM + 1, maximum=MAX_MESSAGE_SIZE
         )
         wait = as_float(max_wait, "max_wait", minimum=MIN_WAIT, maximum=MAX_WAIT_OPTION)
+        links = as_int(receivers, "receivers", minimum=1, maximum=MAX_RECEIVERS)
         if not _installed("azure.servicebus"):
             raise BackendNotInstalled(
                 "backend 'azure-service-bus' needs azure-servicebus; install it with: "
@@ -694,17 +663,14 @@ class ServiceBusDriver(Driver):
             self._sessions = SessionReceivers(self)
         self._client: Any = None
         self._sender: Any = None
-        self._receiver: Any = None
         self._setup_lock = threading.Lock()
         self._send_lock = threading.Lock()
-        self._gate = _Gate()
+        self._links = ReceiveLinks(links)
         self._held_lock = threading.Lock()
         self._held: dict[str, _Held] = {}
         self._checked_lock = False
         self._entity_missing = False
         self._closed = False
-        #: When the service last answered anything (monotonic): see ``receive``.
-        self._heard = time.monotonic()
         self.capabilities = CAPABILITIES.replace(
             min_lease=lock,
             max_lease=lock,
@@ -728,6 +694,7 @@ class ServiceBusDriver(Driver):
             "admin_port",
             "sessions",
             "session",
+            "receivers",
         }
         unknown = sorted(set(url.query) - allowed)
         if unknown:
@@ -745,7 +712,8 @@ class ServiceBusDriver(Driver):
     def __repr__(self) -> str:
         return (
             f"<ServiceBusDriver queue={self.queue!r} namespace={self.namespace!r} "
-            f"lock_duration={self.lock_duration:g}{' sessions' if self.sessions else ''}>"
+            f"lock_duration={self.lock_duration:g} receivers={len(self._links)}"
+            f"{' sessions' if self.sessions else ''}>"
         )
 
     # ------------------------------------------------------------- connection
@@ -785,20 +753,24 @@ class ServiceBusDriver(Driver):
         _open_handler(sender, self._left())
         return sender
 
-    def _get_receiver(self) -> Any:
-        with self._setup_lock:
-            receiver = self._receiver
-            if receiver is None:
-                from azure.servicebus import ServiceBusReceiveMode
+    def _new_receiver(self) -> Any:
+        """A PeekLock SDK receiver on the queue (not opened); a link's receiver is made here."""
+        from azure.servicebus import ServiceBusReceiveMode
 
-                # prefetch 0: the broker locks only what a receive asked for.
-                receiver = self._get_client().get_queue_receiver(
-                    self.queue,
-                    receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
-                    prefetch_count=0,
-                    socket_timeout=SOCKET_TIMEOUT,
-                )
-                self._receiver = receiver
+        # prefetch 0: the broker locks only what a receive asked for.
+        return self._get_client().get_queue_receiver(
+            self.queue,
+            receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
+            prefetch_count=0,
+            socket_timeout=SOCKET_TIMEOUT,
+        )
+
+    def _get_receiver(self, link: ReceiveLink) -> Any:
+        """``link``'s SDK receiver, made on first use and opened (call with its turn held)."""
+        with self._setup_lock:
+            receiver = link.receiver
+            if receiver is None:
+                receiver = link.receiver = self._new_receiver()
         # Opens the link (or re-opens it after the SDK shut it down on an error)
         # within core's deadline, outside a receive's wait; a no-op while it is open.
         _open_handler(receiver, self._left())
@@ -846,7 +818,6 @@ class ServiceBusDriver(Driver):
             self._send_with(outgoing, results)
         finally:
             self._send_lock.release()
-        self._heard = time.monotonic()
         self._entity_missing = False
         return results
 
@@ -878,51 +849,55 @@ class ServiceBusDriver(Driver):
                 sender.send_messages(batch, timeout=self._left())
 
     def receive(self, max_messages: int, visibility: float, wait: float) -> list[RawMessage]:
-        """PeekLock ``receive_messages``: up to ``max_messages``, in one short turn on the link.
+        """PeekLock ``receive_messages``: up to ``max_messages``, in one short turn on a link.
 
-        Receives share one link, so each takes a turn of at most ``RECEIVE_SLICE``
-        (settles and renewals go first) and returns what it got; core calls again
-        while its wait lasts. ``visibility`` is always the queue's lock duration
-        (core refuses others).
+        The receive takes the next receive link with no call in progress or
+        waiting (round robin over the ``receivers`` links, :class:`ReceiveLinks`)
+        for a turn of at most ``RECEIVE_SLICE`` (that link's settles and renewals
+        go first) and returns what it got; core calls again while its wait lasts.
+        Receives side by side use different links, and the settles of one batch
+        run on its link while the next receive runs on another. ``visibility``
+        is always the queue's lock duration (core refuses others).
 
         A receive on a dead connection (a partition: nothing answers, nothing
-        resets) returns an empty list just like one on an idle queue. So when
-        receives have come back empty for ``PROBE_AFTER`` seconds with nothing
-        else heard from the service, the receive asks the service something
-        cheap (a peek past the end of the queue, ``PROBE_TIMEOUT`` at most): no
-        answer is an ``OperationTimeoutError``, a failed receive core reports
-        like any other backend's, and the connection is dropped so the next
-        call opens a new one.
+        resets) returns an empty list just like one on an idle queue. So when a
+        link's receives have come back empty for ``PROBE_AFTER`` seconds with
+        nothing else heard on its connection, the receive asks the service
+        something cheap (a peek past the end of the queue, ``PROBE_TIMEOUT`` at
+        most): no answer is an ``OperationTimeoutError``, a failed receive core
+        reports like any other backend's, and the connection is dropped so the
+        next call on that link opens a new one.
         """
         if self._sessions is not None:
             return list(self._sessions.receive(max_messages, wait))
-        if not self._gate.take_turn(max(wait, 0.0)):
+        link = self._links.take_turn(max(wait, 0.0))
+        if link is None:
             return []
         try:
-            receiver = self._get_receiver()
+            receiver = self._get_receiver(link)
             messages = receiver.receive_messages(
                 max_message_count=max_messages,
                 max_wait_time=min(max(wait, MIN_WAIT), RECEIVE_SLICE),
             )
             if messages:
-                self._heard = time.monotonic()
-            elif time.monotonic() - self._heard > PROBE_AFTER:
-                self._probe(receiver)
+                link.heard = time.monotonic()
+            elif time.monotonic() - link.heard > PROBE_AFTER:
+                self._probe(link, receiver)
         except Exception as exc:
             self._note_failure(None, exc)  # a missing queue, for later settles
             raise
         finally:
-            self._gate.end_turn()
+            link.gate.end_turn()
         self._entity_missing = False
-        raws = self._hold(receiver, messages)
+        raws = self._hold(link, receiver, messages)
         self._check_lock_duration(raws)
         return raws
 
-    def _probe(self, receiver: Any) -> None:
-        """Check the connection is alive: ask the service for nothing (a peek past the end).
+    def _probe(self, link: ReceiveLink, receiver: Any) -> None:
+        """Check the link's connection is alive: ask the service for nothing (a peek past the end).
 
-        Called with the gate held. A probe that gets no answer in time closes the
-        receiver's connection (the next call reconnects) and raises.
+        Called with the link's turn held. A probe that gets no answer in time
+        closes the receiver's connection (the next call reconnects) and raises.
         """
         try:
             receiver.peek_messages(
@@ -934,9 +909,9 @@ class ServiceBusDriver(Driver):
             if self.error_code(exc) is ErrorCode.UNAVAILABLE:
                 _drop_connection(receiver)
             raise
-        self._heard = time.monotonic()
+        link.heard = time.monotonic()
 
-    def _hold(self, receiver: Any, messages: Sequence[Any]) -> list[RawMessage]:
+    def _hold(self, link: ReceiveLink, receiver: Any, messages: Sequence[Any]) -> list[RawMessage]:
         """Record the received messages in the token map; drop those whose lock already ended."""
         now = time.time()
         raws: list[RawMessage] = []
@@ -958,6 +933,7 @@ class ServiceBusDriver(Driver):
                     locked_until,
                     handler,
                     getattr(handler, "_connection", None),
+                    link,
                 )
                 raws.append(self._raw(message, token, locked_until))
         return raws
@@ -1037,12 +1013,12 @@ class ServiceBusDriver(Driver):
         held = self._lookup(receipt)
         try:
             self._check_connection(held)
-            with self._gate.priority(self._left()), _timeouts(held.receiver, self._left()):
+            with held.link.gate.priority(self._left()), _timeouts(held.receiver, self._left()):
                 getattr(held.receiver, action)(held.message, **kwargs)
         except Exception as exc:
             self._note_failure(receipt, exc)
             raise
-        self._heard = time.monotonic()
+        held.link.heard = time.monotonic()
         self._forget(receipt)
 
     @staticmethod
@@ -1110,17 +1086,17 @@ class ServiceBusDriver(Driver):
                 continue
             groups.setdefault(id(held.receiver), []).append((index, held))
         for group in groups.values():
-            receiver = group[0][1].receiver
+            receiver, link = group[0][1].receiver, group[0][1].link
             renew_many = getattr(receiver, "_renew_locks", None)
             if renew_many is None or len(group) == 1:  # one token: the same request
                 self._renew_each(receipts, group, results)
                 continue
             try:
-                with self._gate.priority(self._left()):
+                with link.gate.priority(self._left()):
                     response = renew_many(
                         *[str(h.message.lock_token) for _, h in group], timeout=self._left()
                     )
-                self._heard = time.monotonic()
+                link.heard = time.monotonic()
                 expirations = _expirations(response)
             except Exception as exc:
                 if self.error_code(exc) is ErrorCode.LEASE_LOST:
@@ -1166,7 +1142,7 @@ class ServiceBusDriver(Driver):
             renew = getattr(held.receiver, "_renew_locks", None)
             try:
                 self._check_connection(held)  # an earlier one may have found it reset
-                with self._gate.priority(self._left()):
+                with held.link.gate.priority(self._left()):
                     if renew is not None:
                         token = str(held.message.lock_token)
                         [until] = _expirations(renew(token, timeout=self._left()))
@@ -1174,7 +1150,7 @@ class ServiceBusDriver(Driver):
                         until = held.receiver.renew_message_lock(
                             held.message, timeout=self._left()
                         ).timestamp()
-                self._heard = time.monotonic()
+                held.link.heard = time.monotonic()
             except Exception as exc:
                 self._note_failure(receipts[index], exc)
                 results[index] = exc
@@ -1405,15 +1381,21 @@ class ServiceBusDriver(Driver):
         return self.error_code(exc) is ErrorCode.UNAVAILABLE
 
     def close(self) -> None:
-        """Close the receiver, the sender and the client (threads and sockets end)."""
+        """Close every receiver, the sender and the client (threads and sockets end).
+
+        Waits for the calls in progress on each receive link (a receive turn is
+        at most ``RECEIVE_SLICE``), then closes the links in turn.
+        """
         if self._closed:
             return
         self._closed = True
         if self._sessions is not None:
             self._sessions.close()
-        with self._gate.priority(None), self._send_lock, self._setup_lock:
-            handlers = [self._receiver, self._sender, self._client]
-            self._receiver = self._sender = self._client = None
+        with self._links.all_held() as links, self._send_lock, self._setup_lock:
+            handlers = [link.receiver for link in links] + [self._sender, self._client]
+            for link in links:
+                link.receiver = None
+            self._sender = self._client = None
             with self._held_lock:
                 self._held.clear()
         for handler in handlers:
@@ -1437,22 +1419,17 @@ class ServiceBusDeadLetters(ServiceBusDriver):
     def __repr__(self) -> str:
         return f"<ServiceBusDeadLetters queue={self.queue!r} namespace={self.namespace!r}>"
 
-    def _get_receiver(self) -> Any:
-        with self._setup_lock:
-            receiver = self._receiver
-            if receiver is None:
-                from azure.servicebus import ServiceBusReceiveMode, ServiceBusSubQueue
+    def _new_receiver(self) -> Any:
+        """A PeekLock SDK receiver on the dead-letter sub-queue (not opened)."""
+        from azure.servicebus import ServiceBusReceiveMode, ServiceBusSubQueue
 
-                receiver = self._get_client().get_queue_receiver(
-                    self.queue,
-                    sub_queue=ServiceBusSubQueue.DEAD_LETTER,
-                    receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
-                    prefetch_count=0,
-                    socket_timeout=SOCKET_TIMEOUT,
-                )
-                self._receiver = receiver
-        receiver.__enter__()
-        return receiver
+        return self._get_client().get_queue_receiver(
+            self.queue,
+            sub_queue=ServiceBusSubQueue.DEAD_LETTER,
+            receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
+            prefetch_count=0,
+            socket_timeout=SOCKET_TIMEOUT,
+        )
 
     def _raw(self, message: Any, token: str, locked_until: float) -> RawMessage:
         import dataclasses

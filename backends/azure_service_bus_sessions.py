@@ -150,7 +150,6 @@ class SessionReceivers:
             self._sessions.append(session)
             for token in session.messages:
                 self._by_token[token] = session
-        driver._heard = time.monotonic()
         return raws
 
     def _drop_expired(self, now: float) -> None:
@@ -230,7 +229,6 @@ class SessionReceivers:
                 for index in indexes:
                     results[index] = exc
                 continue
-            self._driver._heard = time.monotonic()
             session.locked_until = until
             for index in indexes:
                 results[index] = Visibility(receipts[index], to_datetime(until))
@@ -255,7 +253,6 @@ class SessionReceivers:
             if self._driver.error_code(exc) is ErrorCode.LEASE_LOST:
                 self._lose(session, exc)
             raise
-        self._driver._heard = time.monotonic()
         with self._lock:
             self._by_token.pop(receipt, None)
             del session.messages[receipt]

@@ -14,6 +14,7 @@ the queue's default duration.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -159,7 +160,8 @@ def _azure(make: MakeProxy, request: pytest.FixtureRequest) -> FaultTarget:
     )
 
 
-def _servicebus(make: MakeProxy, request: pytest.FixtureRequest) -> FaultTarget:
+def _servicebus(make: MakeProxy, request: pytest.FixtureRequest, receivers: int = 1) -> FaultTarget:
+    """The Service Bus emulator; ``receivers``: the driver's receive links (connections)."""
     from leasekit.emulators.servicebus import connection_string
 
     server = request.getfixturevalue("servicebus_server")
@@ -172,6 +174,7 @@ def _servicebus(make: MakeProxy, request: pytest.FixtureRequest) -> FaultTarget:
                 queue=name,
                 connection_string=connection_string(host, port),
                 admin_port=server.http_port,  # management (queue admin) goes straight there
+                receivers=receivers,
                 **options,
             )
 
@@ -205,6 +208,8 @@ FAULT_BACKENDS: dict[str, Callable[[MakeProxy, pytest.FixtureRequest], FaultTarg
     "aliyun-mns": _mns,
     "aws-sqs": _sqs,
     "azure-service-bus": _servicebus,
+    # Three receive links, so three connections through the proxy: a cut resets them all.
+    "azure-service-bus-3-links": functools.partial(_servicebus, receivers=3),
     "azure-storage-queue": _azure,
     "postgresql": _postgresql,
 }

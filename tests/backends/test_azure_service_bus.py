@@ -220,7 +220,7 @@ def test_batch_renew_is_one_management_call_and_maps_each_token(queue: Queue) ->
     leases: list[leasekit.Lease] = []
     while len(leases) < 3:
         leases.extend(queue.lease(3 - len(leases), wait=5))
-    receiver = _driver(queue)._receiver
+    receiver = _driver(queue)._links.links[0].receiver
     spy = Spy(receiver, "_renew_locks")
     before = [lz.expires_at for lz in leases]
     assert queue.renew_many(leases, LOCK) == [None, None, None]
