@@ -521,13 +521,6 @@ class SqliteDriver(Driver):
         """
         if not receipts:
             return []
-        marks = ", ".join("?" * len(receipts))
-        sql = (
-            # ``+queue``: look rows up by ``seq`` (the primary key), never scan the
-            # queue's index (the planner's choice otherwise, even for one row).
-            f"{statement} WHERE seq IN ({marks}) AND receipt IN ({marks}) AND +queue = ? "
-            "AND (expires_at IS NULL OR expires_at > ?) RETURNING seq"
-        )
         seqs = [_seq_of(receipt) for receipt in receipts]
         # Two receipts of one row (an old holder's and the current one): the row
         # alone cannot tell which matched, so ask for each on its own.
@@ -537,19 +530,20 @@ class SqliteDriver(Driver):
             now = self._clock.time()
             with self._write(conn):
                 if each:
-                    one = sql.replace(marks, "?")
+                    one = _fenced(statement, 1)
                     done = [
                         bool(conn.execute(one, (*params, seq, receipt, self.queue, now)).fetchall())
                         for seq, receipt in zip(seqs, receipts, strict=True)
                     ]
                 else:
-                    deleted = {
+                    sql = _fenced(statement, len(receipts))
+                    changed = {
                         seq
                         for (seq,) in conn.execute(
                             sql, (*params, *seqs, *receipts, self.queue, now)
                         )
                     }
-                    done = [seq in deleted for seq in seqs]
+                    done = [seq in changed for seq in seqs]
                 if not all(done):
                     self._exists(conn)
         results: list[T | BaseException] = []
@@ -827,6 +821,21 @@ class _Transaction:
             self.conn.execute("COMMIT")
         else:
             self.conn.execute("ROLLBACK")
+
+
+def _fenced(statement: str, count: int) -> str:
+    """``statement`` (``UPDATE … SET …`` or ``DELETE FROM …``) on ``count`` held receipts.
+
+    Parameters: the statement's own, then ``count`` row numbers, ``count``
+    receipts, the queue and now. Returns the ``seq`` of each row it changed.
+    ``+queue`` makes SQLite look rows up by ``seq`` (the primary key) rather
+    than scan the queue's index, its choice otherwise even for one row.
+    """
+    marks = ", ".join("?" * count)
+    return (
+        f"{statement} WHERE seq IN ({marks}) AND receipt IN ({marks}) AND +queue = ? "
+        "AND (expires_at IS NULL OR expires_at > ?) RETURNING seq"
+    )
 
 
 def _seq_of(receipt: str) -> int:

@@ -119,12 +119,12 @@ class Events:
     def emit(self, hook: str, **kwargs: Any) -> None:
         """Call ``hook``'s observers with the arguments each accepts; log their errors."""
         listeners = self._listeners(hook)
-        if listeners is None or not listeners.impls:
+        if listeners is None or not listeners.entries:
             return
-        impls = listeners.impls
-        ordered = reversed(impls) if "_after_" in hook else impls
-        for impl in ordered:
-            if not _listening(impl):
+        entries = listeners.entries
+        ordered = reversed(entries) if "_after_" in hook else entries
+        for impl, predicate in ordered:
+            if predicate is not None and not predicate():
                 continue
             try:
                 impl.function(**{name: kwargs[name] for name in impl.argnames if name in kwargs})
@@ -135,21 +135,15 @@ class Events:
 class _Listeners:
     """The implementations of one hook at one version of the plugin manager."""
 
-    __slots__ = ("always", "impls", "predicates", "version")
+    __slots__ = ("always", "entries", "predicates", "version")
 
     def __init__(self, version: int, impls: list[Any]) -> None:
         self.version = version
-        self.impls = impls
-        predicates = [getattr(impl.function, LISTENING, None) for impl in impls]
+        #: Each implementation with its ``listens_when`` predicate (``None``: always).
+        self.entries = [(impl, getattr(impl.function, LISTENING, None)) for impl in impls]
         #: An implementation listens whatever happens (no ``listens_when``).
-        self.always = any(predicate is None for predicate in predicates)
-        self.predicates = [predicate for predicate in predicates if predicate is not None]
-
-
-def _listening(impl: Any) -> bool:
-    """Whether a hook implementation wants events now (see ``listens_when``)."""
-    predicate = getattr(impl.function, LISTENING, None)
-    return predicate is None or bool(predicate())
+        self.always = any(predicate is None for _, predicate in self.entries)
+        self.predicates = [predicate for _, predicate in self.entries if predicate is not None]
 
 
 #: ``before_``/``after_`` hook names by event name (``"send"``: ``leasekit_before_send``...).

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from functools import partial
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
@@ -292,20 +293,12 @@ class LeaseOperations:
             leases=[lease],
             action="dead_letter",
         ):
-            record = lease._record
-            taken = record.take(SETTLE, "dead_letter", lease.message.id)
-            if isinstance(taken, BaseException):
-                raise taken
-            try:
-                with deadline(self.lease_timeout([lease], limit, settle=True)):
-                    move(lease, taken, reason)
-            except errors.LeaseError as exc:
-                record.failed(exc)
-                raise
-            except BaseException:
-                record.release()
-                raise
-            record.settled(LeaseState.DEAD_LETTERED)
+            with (
+                self._holding(lease, SETTLE, "dead_letter") as receipt,
+                deadline(self.lease_timeout([lease], limit, settle=True)),
+            ):
+                move(lease, receipt, reason)
+            lease._record.settled(LeaseState.DEAD_LETTERED)
             self.discard_checkpoints([lease])
             queue.events.emit("leasekit_lease_dead_lettered", lease=lease, reason=reason)
 
@@ -321,24 +314,15 @@ class LeaseOperations:
         """
         queue = self._queue
         record = lease._record
-        taken = record.take(RENEW, "checkpoint", lease.message.id)
-        if isinstance(taken, BaseException):
-            raise taken
-        seconds = record.duration
-        entry = CheckpointEntry(taken, lease.raw_message, data)
-        try:
+        with self._holding(lease, RENEW, "checkpoint") as receipt:
+            seconds = record.duration
+            entry = CheckpointEntry(receipt, lease.raw_message, data)
             timeout = self.lease_timeout([lease], limit, settle=False)
             started = time.monotonic()
             with deadline(timeout):
                 [result] = queue._call(
                     "checkpoint", partial(queue.driver.checkpoint, [entry], seconds)
                 )
-        except errors.LeaseError as exc:
-            record.failed(exc)
-            raise
-        except BaseException:
-            record.release()
-            raise
         if not isinstance(result, Visibility):
             failure = queue._entry_error(result, "checkpoint")
             record.failed(failure)
@@ -555,6 +539,29 @@ class LeaseOperations:
             return queue._call("group_state", partial(queue.driver.group_state, receipt))
 
     # ------------------------------------------------------------- machinery
+
+    @staticmethod
+    @contextmanager
+    def _holding(lease: Lease, operation: str, action: str) -> Iterator[str]:
+        """Take one lease for the call in the block; yield the receipt to use.
+
+        Raises the lease's error if it cannot be taken. A :class:`LeaseError`
+        out of the block fails the lease (a :class:`LeaseLost` marks it lost);
+        anything else gives it back unchanged. After a block that ends normally
+        the lease is still taken: the caller reports the outcome to its record.
+        """
+        record = lease._record
+        taken = record.take(operation, action, lease.message.id)
+        if isinstance(taken, BaseException):
+            raise taken
+        try:
+            yield taken
+        except errors.LeaseError as exc:
+            record.failed(exc)
+            raise
+        except BaseException:
+            record.release()
+            raise
 
     def lease_timeout(self, leases: Sequence[Lease], limit: float | None, *, settle: bool) -> float:
         """The deadline for a call on ``leases``: the least time left on them, within bounds.
