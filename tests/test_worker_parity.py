@@ -58,9 +58,16 @@ class World:
 
 
 def _take_over(world: World) -> None:
-    """Someone else gets the message: its lease ends (clock) and another consumer leases it."""
-    world.clock.advance(31)
-    assert len(world.other.lease(10, duration=60)) >= 1
+    """Someone else gets the message: its lease ends (clock) and another consumer leases it.
+
+    Both in one step under the broker's lock: otherwise the consumer's own
+    receiver, polling meanwhile, may lease the message first when it sees the
+    clock move (seen under a loaded CI run: the handler then ran twice).
+    """
+    driver = world.other.driver
+    with driver.broker.cond:
+        world.clock.advance(31)
+        assert len(driver._receive_now(10, 60)) >= 1
 
 
 def _returns(world: World, arg: Any) -> None:
