@@ -184,6 +184,7 @@ from leasekit.spi import (
     RawMessage,
     Visibility,
     each,
+    received,
 )
 from leasekit.url import check_endpoint
 
@@ -796,16 +797,17 @@ class AliyunMnsDriver(Driver):
         return [self._raw(m) for m in messages]
 
     def _raw(self, message: Any) -> RawMessage:
-        return RawMessage(
-            id=str(message.message_id),
-            body=decode_body(message.message_body),
-            receipt=str(message.receipt_handle),
-            delivery_count=int(message.dequeue_count),
-            enqueued_at=_ms(message.enqueue_time),
-            visible_until=_ms(message.next_visible_time),
-            properties=_read_properties(message.get_user_properties()),
-            raw=message,
-            group=(message.message_group_id or None) if self.ordered else None,
+        return received(  # the fields set directly: half a frozen dataclass's __init__
+            str(message.message_id),
+            decode_body(message.message_body),
+            str(message.receipt_handle),
+            int(message.dequeue_count),
+            _ms(message.enqueue_time),
+            _ms(message.next_visible_time),
+            _read_properties(message.get_user_properties()),
+            message,
+            None,
+            (message.message_group_id or None) if self.ordered else None,
         )
 
     def _check_fifo(self) -> None:

@@ -45,6 +45,7 @@ Errors:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
@@ -72,6 +73,7 @@ from leasekit.spi import (
     QueueStats,
     RawMessage,
     Visibility,
+    received,
 )
 
 T = TypeVar("T")
@@ -405,7 +407,7 @@ class SqliteDriver(Driver):
                     self._exists(conn)
                     return []
                 rows = conn.execute(
-                    _RECEIVE.format(", ".join("?" * len(picked))), (now + visibility, *picked)
+                    _receive_statement(len(picked)), (now + visibility, *picked)
                 ).fetchall()
         # Delivery order (visibility time, then send order), as the receive picked them.
         position = {seq: i for i, seq in enumerate(picked)}
@@ -414,17 +416,17 @@ class SqliteDriver(Driver):
         # Messages sent together share their send time: one datetime each time.
         stamps: dict[float, datetime] = {}
         return [
-            RawMessage(
-                id=message_id,
-                body=body,
-                receipt=receipt,
-                delivery_count=count,
-                enqueued_at=stamps.get(enqueued_at)
-                or stamps.setdefault(enqueued_at, to_datetime(enqueued_at)),
-                visible_until=until,
-                properties=json.loads(props) if props else {},
-                checkpoint=None if checkpoint is None else bytes(checkpoint),
-                group=group,
+            received(
+                message_id,
+                body,
+                receipt,
+                count,
+                stamps.get(enqueued_at) or stamps.setdefault(enqueued_at, to_datetime(enqueued_at)),
+                until,
+                json.loads(props) if props else {},
+                None,
+                None if checkpoint is None else bytes(checkpoint),
+                group,
             )
             for _, message_id, body, props, enqueued_at, count, receipt, checkpoint, group in rows
         ]
@@ -490,13 +492,16 @@ class SqliteDriver(Driver):
         """Release the messages, visible again after ``delay``; their receipts stop working.
 
         Clearing the receipt is what makes ``stats()`` count a message abandoned with
-        a delay as delayed, not leased.
+        a delay as delayed, not leased. It is cleared by a second statement in the
+        same transaction, on the rows the first matched: the fence reads the
+        receipt a statement returns, which is the one after it ran.
         """
         return self._update(
             receipts,
-            "UPDATE leasekit_messages SET visible_at = ?, receipt = NULL",
+            "UPDATE leasekit_messages SET visible_at = ?",
             (self._clock.time() + delay,),
             lambda receipt: None,
+            clear=True,
         )
 
     def delete(self, receipts: Sequence[str]) -> list[BaseException | None]:
@@ -509,42 +514,38 @@ class SqliteDriver(Driver):
         statement: str,
         params: tuple[Any, ...],
         ok: Callable[[str], T],
+        *,
+        clear: bool = False,
     ) -> list[T | BaseException]:
         """Run ``statement`` on every held receipt at once (one transaction); ``ok(receipt)`` each.
 
         ``statement`` is an ``UPDATE … SET …`` or ``DELETE FROM`` without its
         ``WHERE`` (``params`` are its own). The fence is the one statement's
         ``WHERE``: the rows named, each with its receipt, of this queue, not
-        expired. A receipt embeds its row's ``seq`` and is unique, so while each
-        row is named once, ``seq IN`` plus ``receipt IN`` matches exactly the
-        (row, receipt) pairs given; a row named twice is asked for receipt by receipt.
+        expired. A receipt embeds its row's ``seq`` and is unique: ``seq IN``
+        finds the rows by primary key, ``receipt IN`` keeps those whose current
+        receipt was given, and the statement returns that receipt (two receipts
+        of one row, an old holder's and the current one: only the current matches).
+        With ``clear``, the matched rows' receipts are then cleared.
         """
         if not receipts:
             return []
-        seqs = [_seq_of(receipt) for receipt in receipts]
-        # Two receipts of one row (an old holder's and the current one): the row
-        # alone cannot tell which matched, so ask for each on its own.
-        each = len(set(seqs)) < len(seqs)
+        sql = _fenced(statement, len(params), len(receipts))
         with self._lock:
             conn = self._connection()
             now = self._clock.time()
             with self._write(conn):
-                if each:
-                    one = _fenced(statement, 1)
-                    done = [
-                        bool(conn.execute(one, (*params, seq, receipt, self.queue, now)).fetchall())
-                        for seq, receipt in zip(seqs, receipts, strict=True)
-                    ]
-                else:
-                    sql = _fenced(statement, len(receipts))
-                    changed = {
-                        seq
-                        for (seq,) in conn.execute(
-                            sql, (*params, *seqs, *receipts, self.queue, now)
-                        )
-                    }
-                    done = [seq in changed for seq in seqs]
-                if not all(done):
+                changed = {
+                    receipt
+                    for (receipt,) in conn.execute(sql, (*params, *receipts, self.queue, now))
+                }
+                done = [receipt in changed for receipt in receipts]
+                if clear and changed:
+                    conn.execute(
+                        _fenced("UPDATE leasekit_messages SET receipt = NULL", 0, len(changed)),
+                        (*changed, self.queue, now),
+                    )
+                if len(changed) < len(receipts):
                     self._exists(conn)
         results: list[T | BaseException] = []
         for matched, receipt in zip(done, receipts, strict=True):
@@ -823,18 +824,32 @@ class _Transaction:
             self.conn.execute("ROLLBACK")
 
 
-def _fenced(statement: str, count: int) -> str:
+@functools.lru_cache(maxsize=64)
+def _receive_statement(count: int) -> str:
+    """:data:`_RECEIVE` for ``count`` picked rows."""
+    return _RECEIVE.format(", ".join("?" * count))
+
+
+@functools.lru_cache(maxsize=64)
+def _fenced(statement: str, own: int, count: int) -> str:
     """``statement`` (``UPDATE … SET …`` or ``DELETE FROM …``) on ``count`` held receipts.
 
-    Parameters: the statement's own, then ``count`` row numbers, ``count``
-    receipts, the queue and now. Returns the ``seq`` of each row it changed.
-    ``+queue`` makes SQLite look rows up by ``seq`` (the primary key) rather
-    than scan the queue's index, its choice otherwise even for one row.
+    Parameters: the statement's own ``own``, then the ``count`` receipts, the
+    queue and now. Returns the receipt of each row it changed. Each receipt is
+    bound once and read twice: as text for the fence, and ``CAST … AS INTEGER``
+    (its leading digits) for the row number it names, so SQLite finds the rows by
+    primary key (``+queue`` keeps it from scanning the queue's index instead, its
+    choice otherwise even for one row). A malformed receipt names row 0, which
+    no row has (``seq`` starts at 1).
     """
-    marks = ", ".join("?" * count)
+    first = own + 1
+    numbers = range(first, first + count)
+    rows = ", ".join(f"CAST(?{n} AS INTEGER)" for n in numbers)
+    receipts = ", ".join(f"?{n}" for n in numbers)
+    queue = first + count
     return (
-        f"{statement} WHERE seq IN ({marks}) AND receipt IN ({marks}) AND +queue = ? "
-        "AND (expires_at IS NULL OR expires_at > ?) RETURNING seq"
+        f"{statement} WHERE seq IN ({rows}) AND receipt IN ({receipts}) AND +queue = ?{queue} "
+        f"AND (expires_at IS NULL OR expires_at > ?{queue + 1}) RETURNING receipt"
     )
 
 

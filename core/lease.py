@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Lease"]
 
+_new = object.__new__
+
 
 class Lease:
     """A message held invisible for a while, and the receipt that proves it.
@@ -64,7 +66,25 @@ class Lease:
             deadline = self.received_at + max(0.0, expires_at.timestamp() - time.time())
         if batch is None:
             batch = LeaseBatch(queue.events)
-        self._record = LeaseRecord(self, receipt, expires_at, deadline, duration, batch)
+        self._record = LeaseRecord(receipt, expires_at, deadline, duration, batch)
+
+    @classmethod
+    def _received(
+        cls,
+        queue: Queue,
+        message: Message,
+        raw: Any,
+        record: LeaseRecord,
+        received_at: float,
+    ) -> Lease:
+        """A lease as a receive makes it, without ``__init__``'s defaults (one per message)."""
+        lease = _new(cls)
+        lease._queue = queue
+        lease.message = message
+        lease._raw = raw
+        lease.received_at = received_at
+        lease._record = record
+        return lease
 
     # ------------------------------------------------------------- properties
 
@@ -246,7 +266,7 @@ class Lease:
         renewal call is still in flight; a holder without a keeper may call it
         too. Returns the error if this call marked the lease lost.
         """
-        return self._record.expire(reason=reason)
+        return self._record.expire(self, reason=reason)
 
     def check(self) -> None:
         """Raise :class:`LeaseLost` if the lease was found lost; a handler may call it often."""

@@ -29,7 +29,7 @@ from . import errors
 from .deadline import deadline, time_left
 from .events import Events
 from .lease import Lease
-from .lease_record import RENEW, SETTLE, LeaseBatch
+from .lease_record import RENEW, SETTLE, LeaseBatch, LeaseRecord, settled_together, take_together
 from .message import NO_PROPERTIES, LeaseState, received_message
 from .spi import CheckpointEntry, RawMessage, Visibility
 
@@ -111,6 +111,7 @@ class LeaseOperations:
         # One of each per receive, shared by its leases: the lock and events, the
         # receive time, and (unless set after) the deadline.
         shared = LeaseBatch(queue.events)
+        new_record, new_lease = LeaseRecord._received, Lease._received
         received = time.monotonic()
         deadline = started + seconds
         for raw in batch:
@@ -131,19 +132,8 @@ class LeaseOperations:
             if set_after:  # the receive used the queue's visibility, not ours
                 physical = min(seconds, max(0.0, raw.visible_until.timestamp() - now))
                 deadline = started + physical
-            leases.append(
-                Lease(
-                    queue,
-                    message,
-                    raw.receipt,
-                    raw.visible_until,
-                    seconds,
-                    raw,
-                    deadline=deadline,
-                    batch=shared,
-                    received_at=received,
-                )
-            )
+            record = new_record(raw.receipt, raw.visible_until, deadline, seconds, shared)
+            leases.append(new_lease(queue, message, raw.raw, record, received))
         if set_after:
             leases = self._apply_duration(leases, seconds)
         return leases
@@ -257,13 +247,17 @@ class LeaseOperations:
                 outcome = self._batch_call(
                     action, partial(spec.call, receipts), None, chunks, position
                 )
+                if not any(outcome):  # all settled: record them in one go
+                    settled_together([lease._record for _, lease, _ in chunk], spec.state)
+                    done.extend(lease for _, lease, _ in chunk)
+                    continue
                 for (i, lease, _), result in zip(chunk, outcome, strict=True):
                     if result is None:
                         lease._record.settled(spec.state)
                         done.append(lease)
                         continue
                     failure = self._queue._entry_error(result, action)
-                    lease._record.failed(failure)
+                    lease._record.failed(lease, failure)
                     results[i] = failure
         _copy_repeats(results, repeats)
 
@@ -325,9 +319,10 @@ class LeaseOperations:
                 )
         if not isinstance(result, Visibility):
             failure = queue._entry_error(result, "checkpoint")
-            record.failed(failure)
+            record.failed(lease, failure)
             raise failure
         lost = record.renewed(
+            lease,
             result.receipt,
             result.visible_until,
             seconds,
@@ -365,7 +360,7 @@ class LeaseOperations:
                 f"checkpoint of message {message.id!r} refused: a later delivery of it "
                 f"(after delivery {message.delivery_count}) saved a checkpoint already"
             )
-            lease._record.lose(error)
+            lease._record.lose(lease, error)
             raise error
         lease._record.checkpointed()
 
@@ -490,6 +485,7 @@ class LeaseOperations:
                 for (i, lease, _), result in zip(chunk, outcome, strict=True):
                     if isinstance(result, Visibility):
                         lost = lease._record.renewed(
+                            lease,
                             result.receipt,
                             result.visible_until,
                             physical,
@@ -501,7 +497,7 @@ class LeaseOperations:
                         results[i] = lost
                         continue
                     failure = queue._entry_error(result, "renew")
-                    lease._record.failed(failure)
+                    lease._record.failed(lease, failure)
                     results[i] = failure
         _copy_repeats(results, repeats)
 
@@ -515,7 +511,7 @@ class LeaseOperations:
                 alive.append(item)
                 continue
             record.release()
-            error = record.expire()
+            error = record.expire(lease)
             results[i] = error or record.unusable("renew", lease.message.id)
         return alive
 
@@ -557,7 +553,7 @@ class LeaseOperations:
         try:
             yield taken
         except errors.LeaseError as exc:
-            record.failed(exc)
+            record.failed(lease, exc)
             raise
         except BaseException:
             record.release()
@@ -594,6 +590,11 @@ class LeaseOperations:
                 return [(0, lease, outcome)], []
             results[0] = outcome
             return [], []
+        if not leases:
+            return [], []
+        receipts = take_together([lease._record for lease in leases], operation)
+        if receipts is not None:  # one receive's leases, all free: taken in one hold of its lock
+            return list(zip(range(len(leases)), leases, receipts, strict=True)), []
         order = sorted(range(len(leases)), key=lambda i: id(leases[i]))
         taken: list[_Taken] = []
         seen: dict[int, int] = {}
@@ -638,7 +639,7 @@ class LeaseOperations:
             if not raise_whole:
                 return [exc] * len(chunk)
             for _, lease, _ in chunk:
-                lease._record.failed(exc)
+                lease._record.failed(lease, exc)
             _release_chunks(chunks[position + 1 :])
             raise
         except BaseException:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +50,9 @@ SETTLE = "settle"
 #: Longest a settle waits beyond the lease's deadline for a renewal in flight to
 #: report (the keeper marks the lease lost at its deadline, which ends the wait).
 BUSY_GRACE = 1.0
+
+
+_new = object.__new__
 
 
 class LeaseBatch:
@@ -82,12 +85,51 @@ class LeaseBatch:
             self.idle.notify_all()
 
 
+def take_together(records: Sequence[LeaseRecord], operation: str) -> list[str] | None:
+    """Take every record for ``operation`` in one hold of their batch's lock; their receipts.
+
+    The common settle of a received batch: every lease of one receive, none
+    busy, all held. Returns ``None``, having taken none, when that is not the
+    case (leases of several receives, one busy or no longer held, one given
+    twice): :meth:`LeaseRecord.take` then takes them one by one.
+    """
+    batch = records[0]._batch
+    with batch.mutex:
+        taken = 0
+        for record in records:
+            if record._batch is not batch or record.busy is not None:
+                break
+            if record.state is not LeaseState.HELD:
+                break
+            record.busy = operation
+            taken += 1
+        else:
+            return [record.receipt for record in records]
+        for record in records[:taken]:  # never seen free by another: the lock was held
+            record.busy = None
+    return None
+
+
+def settled_together(records: Sequence[LeaseRecord], state: LeaseState) -> None:
+    """:meth:`LeaseRecord.settled` for each record; one hold of the lock when they share it."""
+    batch = records[0]._batch
+    if any(record._batch is not batch for record in records):
+        for record in records:
+            record.settled(state)
+        return
+    with batch.mutex:
+        for record in records:
+            record.busy = None
+            if record.state is LeaseState.HELD:
+                record.state = state
+        batch.notify_idle()
+
+
 class LeaseRecord:
     """Receipt, expiry, deadline and state of one lease; the one writer of them.
 
     Parameters
     ----------
-        owner: the :class:`~leasekit.Lease` of this record (given to ``on_lost`` callbacks).
         receipt: the receipt from the receive.
         expires_at: the backend's expiry (UTC).
         deadline: core's expiry on :func:`time.monotonic`.
@@ -107,21 +149,18 @@ class LeaseRecord:
         "duration",
         "expires_at",
         "lost_error",
-        "owner",
         "receipt",
         "state",
     )
 
     def __init__(
         self,
-        owner: Lease,
         receipt: str,
         expires_at: datetime,
         deadline: float,
         duration: float,
         batch: LeaseBatch,
     ) -> None:
-        self.owner = owner
         self.receipt = receipt
         self.expires_at = expires_at
         self.deadline = deadline
@@ -136,6 +175,29 @@ class LeaseRecord:
         self._mutex = batch.mutex
         self._on_lost: list[Callable[[Lease, LeaseLost], None]] | None = None  # made on first use
         self._lost_event: threading.Event | None = None  # made on first use
+
+    @classmethod
+    def _received(
+        cls, receipt: str, expires_at: datetime, deadline: float, duration: float, batch: LeaseBatch
+    ) -> LeaseRecord:
+        """A record as a receive makes it (one per message).
+
+        ``__init__``'s work without its call: see :meth:`Lease._received`.
+        """
+        record = _new(cls)
+        record.receipt = receipt
+        record.expires_at = expires_at
+        record.deadline = deadline
+        record.duration = duration
+        record.state = LeaseState.HELD
+        record.busy = None
+        record.lost_error = None
+        record.checkpoints = 0
+        record._batch = batch
+        record._mutex = batch.mutex
+        record._on_lost = None
+        record._lost_event = None
+        return record
 
     # ------------------------------------------------------------------ reads
 
@@ -210,6 +272,7 @@ class LeaseRecord:
 
     def renewed(
         self,
+        owner: Lease,
         receipt: str,
         expires_at: datetime,
         seconds: float,
@@ -242,7 +305,7 @@ class LeaseRecord:
                 self.deadline = started + seconds
                 self.duration = seconds
                 return None
-        self.lose(error)
+        self.lose(owner, error)
         return error
 
     def checkpointed(self) -> None:
@@ -258,13 +321,13 @@ class LeaseRecord:
                 self.state = state
             self._batch.notify_idle()
 
-    def failed(self, error: BaseException) -> None:
-        """Record a failed operation: the lease stays held, unless ``error`` says it is lost."""
+    def failed(self, owner: Lease, error: BaseException) -> None:
+        """Record a failed operation of ``owner``: held still, unless ``error`` says it is lost."""
         self.release()
         if isinstance(error, LeaseLost):
-            self.lose(error)
+            self.lose(owner, error)
 
-    def expire(self, *, reason: str | None = None) -> LeaseLost | None:
+    def expire(self, owner: Lease, *, reason: str | None = None) -> LeaseLost | None:
         """Mark the lease lost if its deadline has passed (core's clock); return the error."""
         now = time.monotonic()
         if self.state is not LeaseState.HELD or now < self.deadline:
@@ -274,10 +337,16 @@ class LeaseRecord:
         if self.busy:
             detail += f"; its {self.busy} call has not returned"
         error = LeaseLost(f"the lease ended {late:.1f} s ago ({detail})")
-        return error if self.lose(error) else None
+        return error if self.lose(owner, error) else None
 
-    def lose(self, error: LeaseLost) -> bool:
-        """Mark the lease lost; fire the event, callbacks and hook once. True if it was held."""
+    def lose(self, owner: Lease, error: LeaseLost) -> bool:
+        """Mark the lease lost; fire the event, callbacks and hook once. True if it was held.
+
+        ``owner`` is the :class:`~leasekit.Lease` of this record (given to the
+        callbacks and the hook). A record keeps no reference to its lease: with
+        one, every lease would be a reference cycle that only the garbage
+        collector frees (measured: 8 % of a SQLite lease+complete loop).
+        """
         with self._mutex:
             if self.state is not LeaseState.HELD:
                 return False
@@ -288,7 +357,6 @@ class LeaseRecord:
             self._batch.notify_idle()
         if event is not None:
             event.set()  # else: made already set when first asked for
-        owner = self.owner
         for callback in callbacks:
             try:
                 callback(owner, error)

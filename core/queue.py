@@ -859,6 +859,8 @@ class Queue:
         """``leases`` as a sequence, each a lease of this queue (else InvalidArgument)."""
         leases = as_items(leases, "leases")
         for lease in leases:
+            if type(lease) is Lease and lease._queue is self:  # the common case, cheaply
+                continue
             if not isinstance(lease, Lease):
                 raise errors.InvalidArgument(f"expected a Lease, got {lease!r}")
             if lease.queue is not self:

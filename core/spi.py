@@ -63,6 +63,7 @@ __all__ = [
     "RawMessage",
     "Visibility",
     "each",
+    "received",
 ]
 
 
@@ -161,6 +162,69 @@ class RawMessage:
     checkpoint: bytes | None = field(default=None, repr=False)
     #: The ordered group the message was sent in (``None``: unordered).
     group: str | None = None
+
+
+_new = object.__new__
+_RAW_SET = tuple(
+    RawMessage.__dict__[name].__set__
+    for name in (
+        "id",
+        "body",
+        "receipt",
+        "delivery_count",
+        "enqueued_at",
+        "visible_until",
+        "properties",
+        "raw",
+        "checkpoint",
+        "group",
+    )
+)
+
+
+def received(
+    id: str,
+    body: bytes,
+    receipt: str,
+    delivery_count: int,
+    enqueued_at: datetime,
+    visible_until: datetime,
+    properties: Mapping[str, str],
+    raw: Any = None,
+    checkpoint: bytes | None = None,
+    group: str | None = None,
+) -> RawMessage:
+    """A :class:`RawMessage` as ``RawMessage(...)`` makes it, at less than half the cost.
+
+    For a driver's receive, which makes one per message: a frozen dataclass's
+    ``__init__`` sets each field through ``object.__setattr__``; this sets the
+    slots directly. No defaults are filled in but these: give ``properties``
+    (an empty ``dict`` when there are none).
+    """
+    message = _new(RawMessage)
+    (
+        set_id,
+        set_body,
+        set_receipt,
+        set_count,
+        set_enqueued,
+        set_until,
+        set_properties,
+        set_raw,
+        set_checkpoint,
+        set_group,
+    ) = _RAW_SET
+    set_id(message, id)
+    set_body(message, body)
+    set_receipt(message, receipt)
+    set_count(message, delivery_count)
+    set_enqueued(message, enqueued_at)
+    set_until(message, visible_until)
+    set_properties(message, properties)
+    set_raw(message, raw)
+    set_checkpoint(message, checkpoint)
+    set_group(message, group)
+    return message
 
 
 class CheckpointEntry(NamedTuple):

@@ -215,7 +215,7 @@ def test_a_timed_out_or_cancelled_wait_lost_leaves_nothing_behind() -> None:
             # And one that waits still hears of the loss.
             found = asyncio.ensure_future(lease.wait_lost(5))
             await asyncio.sleep(0.01)
-            lease.lease._record.lose(leasekit.LeaseLost("taken"))
+            lease.lease._record.lose(lease.lease, leasekit.LeaseLost("taken"))
             assert await found is True
             await queue.abandon_many([lease])
 

@@ -287,7 +287,7 @@ def test_a_stale_receipt_in_a_batch_is_counted_not_raised(queue: Queue) -> None:
     def handler(lease: leasekit.Lease) -> None:
         if not lost_once:
             lost_once.append(lease.message.id)
-            lease._record.lose(errors.LeaseLost("simulated: taken by another consumer"))
+            lease._record.lose(lease, errors.LeaseLost("simulated: taken by another consumer"))
 
     stats = leasekit.Consumer(
         queue, handler, concurrency=4, lease_duration=30, pass_lease=True
@@ -435,7 +435,7 @@ def test_a_message_found_lost_while_waiting_in_a_chunk_is_counted_and_not_handle
     handled: list[bytes] = []
     consumer = leasekit.Consumer(queue, lambda m: handled.append(m.body), lease_duration=30)
     first, second = queue.lease(2, duration=30)
-    first._record.lose(errors.LeaseLost("simulated: the keeper found it lost"))
+    first._record.lose(first, errors.LeaseLost("simulated: the keeper found it lost"))
     with leasekit.LeaseKeeper() as keeper:
         keeper.add_many([second])
         consumer._process_chunk(0, [first, second], keeper)

@@ -61,7 +61,7 @@ def test_lost_event_made_on_first_use_is_set_when_the_lease_is_lost(tmp_path: Pa
         woke = threading.Event()
         waiter = threading.Thread(target=lambda: event.wait(5) and woke.set())
         waiter.start()
-        lease._record.lose(leasekit.LeaseLost("taken"))
+        lease._record.lose(lease, leasekit.LeaseLost("taken"))
         waiter.join(5)
         assert woke.is_set() and lease.lost.is_set()
         assert lease.lost is event, "the same event, made once"
@@ -71,7 +71,7 @@ def test_lost_event_first_asked_for_after_the_loss_is_already_set(tmp_path: Path
     with _sqlite(tmp_path) as queue:
         queue.send(b"x")
         [lease] = queue.lease(1, duration=30)
-        lease._record.lose(leasekit.LeaseLost("taken"))
+        lease._record.lose(lease, leasekit.LeaseLost("taken"))
         assert lease.lost.is_set()
 
 
