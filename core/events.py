@@ -96,8 +96,10 @@ class Events:
             return False
         if listeners.always:
             return True
-        predicates = listeners.predicates
-        return bool(predicates) and any(predicate() for predicate in predicates)
+        for predicate in listeners.predicates:  # noqa: SIM110 (a generator costs more per call)
+            if predicate():
+                return True
+        return False
 
     def bracket(
         self, name: str, after: Callable[[BaseException | None], Mapping[str, Any]], **before: Any

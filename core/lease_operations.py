@@ -228,6 +228,9 @@ class LeaseOperations:
         done: list[Lease],
     ) -> None:
         """The work of :meth:`settle`: results to ``results``, settled leases to ``done``."""
+        if len(leases) == 1:
+            self._settle_one(leases[0], spec, limit, results, done)
+            return
         action, size = spec.action, spec.batch
         taken, repeats = self._take(leases, SETTLE, action, results)
         if len(taken) <= size:
@@ -260,6 +263,33 @@ class LeaseOperations:
                     lease._record.failed(lease, failure)
                     results[i] = failure
         _copy_repeats(results, repeats)
+
+    def _settle_one(
+        self,
+        lease: Lease,
+        spec: SettleSpec,
+        limit: float | None,
+        results: list[Any],
+        done: list[Lease],
+    ) -> None:
+        """:meth:`_settle_batches` for one lease (``lease.complete()``), without its lists."""
+        record = lease._record
+        receipt = record.take(SETTLE, spec.action, lease.message.id)
+        if not isinstance(receipt, str):
+            results[0] = receipt
+            return
+        chunks = [[(0, lease, receipt)]]
+        with deadline(self.lease_timeout((lease,), limit, settle=True)):
+            if self._out_of_time(spec.action, chunks, 0, results):
+                return
+            [result] = self._batch_call(spec.action, partial(spec.call, [receipt]), None, chunks, 0)
+        if result is None:
+            record.settled(spec.state)
+            done.append(lease)
+            return
+        failure = self._queue._entry_error(result, spec.action)
+        record.failed(lease, failure)
+        results[0] = failure
 
     def dead_letter(
         self,
@@ -566,7 +596,10 @@ class LeaseOperations:
         may still be honoured, and settling late harms nobody); a renewal gets
         what is left, so it never outlives the lease it renews.
         """
-        left = min(lease._record.deadline for lease in leases) - time.monotonic()
+        if len(leases) == 1:
+            left = leases[0]._record.deadline - time.monotonic()
+        else:
+            left = min(lease._record.deadline for lease in leases) - time.monotonic()
         if settle or left <= 0:  # a renewal past the deadline: where stale receipts are refused
             left = max(left, MIN_SETTLE_TIMEOUT)
         return min(left, self._queue.call_timeout if limit is None else limit)

@@ -185,6 +185,8 @@ def as_object(
 
 def as_items(value: object, what: str) -> list[Any]:
     """The items of a list-like argument: any iterable but text, bytes or a mapping."""
+    if type(value) is list:  # the common case, without the isinstance checks
+        return list(value)
     if isinstance(value, str | bytes | bytearray | memoryview | Mapping) or not isinstance(
         value, Iterable
     ):
