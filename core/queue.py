@@ -701,6 +701,12 @@ class Queue:
         """
         leases = self._check_own(leases)
         limit = arguments.timeout(timeout)
+        return self._complete(leases, limit)
+
+    def _complete(
+        self, leases: Sequence[Lease], limit: float | None
+    ) -> list[errors.LeaseError | errors.LeaseStateError | None]:
+        """:meth:`complete_many` for leases known to be this queue's (``lease.complete()``)."""
         self._require_open()
         complete = self._complete_spec
         if complete is None or complete.batch != self.capabilities.max_delete_batch:
