@@ -251,8 +251,9 @@ class LeaseOperations:
                     action, partial(spec.call, receipts), None, chunks, position
                 )
                 if not any(outcome):  # all settled: record them in one go
-                    settled_together([lease._record for _, lease, _ in chunk], spec.state)
-                    done.extend(lease for _, lease, _ in chunk)
+                    settled = [lease for _, lease, _ in chunk]
+                    settled_together([lease._record for lease in settled], spec.state)
+                    done.extend(settled)
                     continue
                 for (i, lease, _), result in zip(chunk, outcome, strict=True):
                     if result is None:
@@ -599,7 +600,7 @@ class LeaseOperations:
         if len(leases) == 1:
             left = leases[0]._record.deadline - time.monotonic()
         else:
-            left = min(lease._record.deadline for lease in leases) - time.monotonic()
+            left = min([lease._record.deadline for lease in leases]) - time.monotonic()
         if settle or left <= 0:  # a renewal past the deadline: where stale receipts are refused
             left = max(left, MIN_SETTLE_TIMEOUT)
         return min(left, self._queue.call_timeout if limit is None else limit)

@@ -113,16 +113,18 @@ def take_together(records: Sequence[LeaseRecord], operation: str) -> list[str] |
 def settled_together(records: Sequence[LeaseRecord], state: LeaseState) -> None:
     """:meth:`LeaseRecord.settled` for each record; one hold of the lock when they share it."""
     batch = records[0]._batch
-    if any(record._batch is not batch for record in records):
-        for record in records:
-            record.settled(state)
-        return
+    rest: Sequence[LeaseRecord] = ()
     with batch.mutex:
-        for record in records:
+        for i, record in enumerate(records):
+            if record._batch is not batch:  # another receive's: under its own lock, below
+                rest = records[i:]
+                break
             record.busy = None
             if record.state is LeaseState.HELD:
                 record.state = state
         batch.notify_idle()
+    for record in rest:
+        record.settled(state)
 
 
 class LeaseRecord:
