@@ -66,7 +66,7 @@ class Lease:
             deadline = self.received_at + max(0.0, expires_at.timestamp() - time.time())
         if batch is None:
             batch = LeaseBatch(queue.events)
-        self._record = LeaseRecord(receipt, expires_at, deadline, duration, batch)
+        self._record = LeaseRecord.create(receipt, expires_at, deadline, duration, batch)
 
     @classmethod
     def _received(

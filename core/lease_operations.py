@@ -111,7 +111,7 @@ class LeaseOperations:
         # One of each per receive, shared by its leases: the lock and events, the
         # receive time, and (unless set after) the deadline.
         shared = LeaseBatch(queue.events)
-        new_record, new_lease = LeaseRecord._received, Lease._received
+        new_record, new_lease = LeaseRecord.create, Lease._received
         received = time.monotonic()
         deadline = started + seconds
         for raw in batch:

@@ -155,36 +155,29 @@ class LeaseRecord:
         "state",
     )
 
-    def __init__(
-        self,
-        receipt: str,
-        expires_at: datetime,
-        deadline: float,
-        duration: float,
-        batch: LeaseBatch,
-    ) -> None:
-        self.receipt = receipt
-        self.expires_at = expires_at
-        self.deadline = deadline
-        self.duration = duration
-        self.state = LeaseState.HELD
-        #: The operation in flight (``RENEW`` or ``SETTLE``), or ``None``.
-        self.busy: str | None = None
-        self.lost_error: LeaseLost | None = None
-        #: Checkpoints this holder saved (:meth:`checkpointed`).
-        self.checkpoints = 0
-        self._batch = batch
-        self._mutex = batch.mutex
-        self._on_lost: list[Callable[[Lease, LeaseLost], None]] | None = None  # made on first use
-        self._lost_event: threading.Event | None = None  # made on first use
+    receipt: str
+    expires_at: datetime
+    deadline: float
+    duration: float
+    state: LeaseState
+    #: The operation in flight (``RENEW`` or ``SETTLE``), or ``None``.
+    busy: str | None
+    lost_error: LeaseLost | None
+    #: Checkpoints this holder saved (:meth:`checkpointed`).
+    checkpoints: int
+    _batch: LeaseBatch
+    _mutex: threading.Lock
+    _on_lost: list[Callable[[Lease, LeaseLost], None]] | None  # made on first use
+    _lost_event: threading.Event | None  # made on first use
 
     @classmethod
-    def _received(
+    def create(
         cls, receipt: str, expires_at: datetime, deadline: float, duration: float, batch: LeaseBatch
     ) -> LeaseRecord:
-        """A record as a receive makes it (one per message).
+        """A held lease's record (the parameters are the class's).
 
-        ``__init__``'s work without its call: see :meth:`Lease._received`.
+        A class method, not ``__init__``: a receive makes one per message, and
+        setting the slots of an object from ``object.__new__`` skips the call.
         """
         record = _new(cls)
         record.receipt = receipt
