@@ -101,6 +101,13 @@ class Events:
                 return True
         return False
 
+    def observed_any(self, hooks: tuple[str, ...]) -> bool:
+        """Whether a plugin listens to any of ``hooks`` now (see :meth:`observed`)."""
+        for hook in hooks:  # noqa: SIM110 (a generator costs more per call)
+            if self.observed(hook):
+                return True
+        return False
+
     def bracket(
         self, name: str, after: Callable[[BaseException | None], Mapping[str, Any]], **before: Any
     ) -> AbstractContextManager[None]:

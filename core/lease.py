@@ -228,7 +228,7 @@ class Lease:
             LeaseLost: the receipt is stale; the message may be someone else's now.
             LeaseStateError: the lease was already settled.
         """
-        _raise_first(self._queue._complete((self,), None))  # its own queue's: nothing to check
+        self._queue._complete_one(self)
 
     def abandon(self, delay: float = 0) -> None:
         """Give the message back: visible again now, or after ``delay`` seconds.

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 from . import errors
 from .deadline import deadline, time_left
 from .events import Events
-from .lease import Lease
+from .lease import Lease, _raise_first
 from .lease_record import RENEW, SETTLE, LeaseBatch, LeaseRecord, settled_together, take_together
 from .message import NO_PROPERTIES, LeaseState, received_message
 from .spi import CheckpointEntry, RawMessage, Visibility
@@ -53,6 +53,10 @@ _QUIET = Events()
 _Taken = tuple[int, "Lease", str]
 #: What one lease operation returns per lease: ``None`` when done, else the error.
 _Results = list[errors.LeaseError | errors.LeaseStateError | None]
+
+
+#: The event pair around every settle (``Events.bracket("settle", ...)``).
+_SETTLE_EVENTS = ("leasekit_before_settle", "leasekit_after_settle")
 
 
 class SettleSpec(NamedTuple):
@@ -273,24 +277,68 @@ class LeaseOperations:
         results: list[Any],
         done: list[Lease],
     ) -> None:
-        """:meth:`_settle_batches` for one lease (``lease.complete()``), without its lists."""
-        record = lease._record
-        receipt = record.take(SETTLE, spec.action, lease.message.id)
+        """:meth:`_settle_batches` for one lease, without its lists."""
+        receipt = lease._record.take(SETTLE, spec.action, lease.message.id)
         if not isinstance(receipt, str):
             results[0] = receipt
             return
-        chunks = [[(0, lease, receipt)]]
+        error = self._settle_taken(lease, receipt, spec, limit)
+        if error is None:
+            done.append(lease)
+        else:
+            results[0] = error
+
+    def complete_one(self, lease: Lease, spec: SettleSpec) -> None:
+        """``lease.complete()``: :meth:`settle` of one lease, lean when nothing else looks on.
+
+        Between two network calls every step of the general path costs several
+        times what it does in a tight loop (measured on MNS: 19 µs of CPU a message
+        against 3 here); this one makes the same call with the same outcome,
+        and takes the general path whenever an observer listens to the settle
+        or its hook, or a checkpoint store wants its entry discarded.
+        """
+        queue = self._queue
+        if queue.checkpoint_store is not None or queue.events.observed_any(
+            (*_SETTLE_EVENTS, spec.hook)
+        ):
+            _raise_first(self.settle((lease,), spec, None))
+            return
+        receipt = lease._record.take(SETTLE, spec.action, lease.message.id)
+        if not isinstance(receipt, str):
+            raise receipt
+        error = self._settle_taken(lease, receipt, spec, None)
+        if error is not None:
+            raise error
+
+    def _settle_taken(
+        self, lease: Lease, receipt: str, spec: SettleSpec, limit: float | None
+    ) -> errors.LeaseError | None:
+        """Settle one taken lease by one backend call; its error (``None``: settled).
+
+        The outcome is recorded (settled, failed, or given back when the deadline
+        passed before the call). Raises the leasekit error of a call that failed
+        as a whole (the lease failed with it), or anything else (given back).
+        """
+        record = lease._record
         with deadline(self.lease_timeout((lease,), limit, settle=True)):
-            if self._out_of_time(spec.action, chunks, 0, results):
-                return
-            [result] = self._batch_call(spec.action, partial(spec.call, [receipt]), None, chunks, 0)
+            left = time_left()
+            if left is not None and left <= 0:
+                record.release()
+                return self._late(spec.action)
+            try:
+                [result] = self._queue._call(spec.action, partial(spec.call, [receipt]))
+            except errors.LeaseError as exc:
+                record.failed(lease, exc)
+                raise
+            except BaseException:
+                record.release()
+                raise
         if result is None:
             record.settled(spec.state)
-            done.append(lease)
-            return
+            return None
         failure = self._queue._entry_error(result, spec.action)
         record.failed(lease, failure)
-        results[0] = failure
+        return failure
 
     def dead_letter(
         self,
@@ -692,15 +740,19 @@ class LeaseOperations:
         left = time_left()
         if left is None or left > 0:
             return False
-        error = errors.BackendUnavailable(
-            f"{action} on {self._queue.name!r}: the call's timeout passed before this lease's "
-            "batch was sent (nothing was asked of the backend; the lease is still held)"
-        )
+        error = self._late(action)
         for chunk in chunks[position:]:
             for i, lease, _ in chunk:
                 lease._record.release()
                 results[i] = error
         return True
+
+    def _late(self, action: str) -> errors.BackendUnavailable:
+        """The result of a lease whose call's deadline passed before it was sent."""
+        return errors.BackendUnavailable(
+            f"{action} on {self._queue.name!r}: the call's timeout passed before this lease's "
+            "batch was sent (nothing was asked of the backend; the lease is still held)"
+        )
 
 
 def _release_chunks(chunks: list[list[_Taken]]) -> None:

@@ -701,12 +701,14 @@ class Queue:
         """
         leases = self._check_own(leases)
         limit = arguments.timeout(timeout)
-        return self._complete(leases, limit)
+        return self._operations.settle(leases, self._completion(), limit)
 
-    def _complete(
-        self, leases: Sequence[Lease], limit: float | None
-    ) -> list[errors.LeaseError | errors.LeaseStateError | None]:
-        """:meth:`complete_many` for leases known to be this queue's (``lease.complete()``)."""
+    def _complete_one(self, lease: Lease) -> None:
+        """``lease.complete()``: complete this queue's ``lease``; raise its error."""
+        self._operations.complete_one(lease, self._completion())
+
+    def _completion(self) -> SettleSpec:
+        """How a complete is done (raises if the queue is closed)."""
         self._require_open()
         complete = self._complete_spec
         if complete is None or complete.batch != self.capabilities.max_delete_batch:
@@ -717,7 +719,7 @@ class Queue:
                 call=self._driver.delete,
                 hook="leasekit_lease_completed",
             )
-        return self._operations.settle(leases, complete, limit)
+        return complete
 
     def abandon_many(
         self, leases: Sequence[Lease], delay: float = 0, *, timeout: float | None = None

@@ -247,3 +247,65 @@ def test_a_plugin_registered_after_the_queue_opened_hears_its_events() -> None:
     queue.send(b"3")
     queue.lease(1, duration=30)
     assert heard == [lease.message.id], "an unregistered plugin hears nothing more"
+
+
+def test_a_lease_is_freed_without_the_garbage_collector(tmp_path: Path) -> None:
+    """A lease's record keeps no reference to it: no cycle, so dropping it frees it."""
+    import gc
+    import weakref
+
+    with _sqlite(tmp_path) as queue:
+        queue.send(b"x")
+        [lease] = queue.lease(1, duration=30)
+        gone = weakref.ref(lease)
+        lease.complete()
+        gc.disable()
+        try:
+            del lease
+            assert gone() is None, "the lease outlived its last reference"
+        finally:
+            gc.enable()
+
+
+@pytest.mark.parametrize("observed", [False, True], ids=["lean", "observed"])
+def test_complete_keeps_the_settle_contract_on_both_paths(
+    tmp_path: Path, observed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``lease.complete()``: the same outcomes whether or not an observer makes it take the
+    general path — completed, settled twice, stale, and out of time before the call."""
+    from leasekit.deadline import deadline
+    from leasekit.lease_operations import LeaseOperations
+
+    watcher = _Observer()
+    registry = leasekit.BackendRegistry()
+    if observed:
+        registry.register_plugin(watcher)
+    else:  # nobody looks on: the lean path, never the general one
+
+        def general(*args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("lease.complete() took the general path with nobody looking on")
+
+        monkeypatch.setattr(LeaseOperations, "settle", general)
+    clock = leasekit.ManualClock(1_700_000_000.0)
+    with registry.open(
+        "sqlite", path=str(tmp_path / "both.db"), queue="both", create=True, clock=clock
+    ) as queue:
+        queue.send_many([b"a", b"b", b"c"])
+        first, second, third = queue.lease(3, duration=5)
+        first.complete()
+        assert first.state is leasekit.LeaseState.COMPLETED
+        with pytest.raises(leasekit.LeaseStateError):
+            first.complete()
+        clock.advance(6)  # the second's lease ends; another consumer takes it
+        [taken] = queue.lease(1, duration=30)
+        assert taken.message.id == second.message.id
+        with pytest.raises(leasekit.LeaseLost):
+            second.complete()
+        assert second.state is leasekit.LeaseState.LOST
+        taken.complete()
+        with deadline(0.0), pytest.raises(leasekit.BackendUnavailable, match="timeout passed"):
+            third.complete()  # nothing asked of the backend: still held
+        assert third.state is leasekit.LeaseState.HELD
+        third.complete()
+    expected = [first.message.id, taken.message.id, third.message.id] if observed else []
+    assert watcher.completed == expected
