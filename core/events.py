@@ -57,7 +57,7 @@ class Events:
         relay: pluggy's hook relay, or ``None`` for a queue without plugins.
     """
 
-    __slots__ = ("_cache", "_changes", "_relay")
+    __slots__ = ("_any", "_cache", "_changes", "_relay")
 
     def __init__(self, relay: Any = None) -> None:
         self._relay = relay
@@ -65,6 +65,10 @@ class Events:
         counted = _CHANGES.get(id(relay)) if relay is not None else None
         self._changes: list[int] | None = counted[1] if counted else None
         self._cache: dict[str, _Listeners] = {}
+        #: :meth:`observed_any`'s answers: (version, always, predicates) by hook set.
+        self._any: dict[
+            tuple[str, ...], tuple[int | None, bool, tuple[Callable[[], bool], ...]]
+        ] = {}
 
     def _listeners(self, hook: str) -> _Listeners | None:
         """Who implements ``hook`` (cached while the plugin manager is unchanged)."""
@@ -102,9 +106,30 @@ class Events:
         return False
 
     def observed_any(self, hooks: tuple[str, ...]) -> bool:
-        """Whether a plugin listens to any of ``hooks`` now (see :meth:`observed`)."""
-        for hook in hooks:  # noqa: SIM110 (a generator costs more per call)
-            if self.observed(hook):
+        """Whether a plugin listens to any of ``hooks`` now (see :meth:`observed`).
+
+        Who listens to the set is cached like one hook's listeners, and a
+        ``listens_when`` predicate shared by several of them is asked once.
+        """
+        changes = self._changes
+        version = changes[0] if changes is not None else None
+        cached = self._any.get(hooks)
+        if cached is None or version is None or cached[0] != version:
+            always = False
+            predicates: list[Callable[[], bool]] = []
+            for hook in hooks:
+                listeners = self._listeners(hook)
+                if listeners is None:
+                    continue
+                always = always or listeners.always
+                predicates.extend(p for p in listeners.predicates if p not in predicates)
+            cached = (version, always, tuple(predicates))
+            if version is not None:
+                self._any[hooks] = cached
+        if cached[1]:
+            return True
+        for predicate in cached[2]:  # noqa: SIM110 (a generator costs more per call)
+            if predicate():
                 return True
         return False
 
