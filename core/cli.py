@@ -113,10 +113,34 @@ def backends(
             caps = getattr(cls, "capabilities", None)
             row["capabilities"] = caps.as_dict() if isinstance(caps, Capabilities) else None
         rows.append(row)
+    _mark_aliases(rows)
     if as_json:
         console.print_json(json.dumps(rows))
         return
-    _print_backends(rows)
+    _print_backends([row for row in rows if "alias_of" not in row])
+
+
+def _mark_aliases(rows: list[dict[str, Any]]) -> None:
+    """Mark a row that only names another backend's driver again (``postgres``).
+
+    Such a row (same driver, a description starting "alias of") gets
+    ``alias_of``; the backend it names lists it in ``aliases``. The table
+    shows the alias in that backend's description instead of a row of its own.
+    """
+    primary = {
+        row["driver"]: row
+        for row in reversed(rows)
+        if not str(row["description"]).startswith("alias of")
+    }
+    for row in rows:
+        named = primary.get(row["driver"])
+        if (
+            named is not None
+            and named is not row
+            and str(row["description"]).startswith("alias of")
+        ):
+            row["alias_of"] = named["name"]
+            named.setdefault("aliases", []).append(row["name"])
 
 
 def _print_backends(rows: list[dict[str, Any]]) -> None:
@@ -151,7 +175,8 @@ def _print_backends(rows: list[dict[str, Any]]) -> None:
     about.add_column(no_wrap=True)
     about.add_column()
     for row in rows:
-        about.add_row(row["name"], Text(row["description"] or ""))
+        also = f" (also {', '.join(row['aliases'])}://)" if row.get("aliases") else ""
+        about.add_row(row["name"], Text((row["description"] or "") + also))
     console.print(about)
     notes = [
         "lease: shortest–longest lease per call (the keeper renews longer ones); batch: "

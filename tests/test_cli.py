@@ -125,6 +125,19 @@ def test_backends_shows_every_backends_limits_at_80_columns() -> None:
     assert all(" - " not in row for row in rows.values())
 
 
+def test_backends_shows_an_alias_in_its_backends_description_not_as_a_row() -> None:
+    result = runner.invoke(app, ["backends"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    rows = {line.split("│")[1].strip() for line in result.output.splitlines() if "│" in line}
+    assert "postgresql" in rows and "postgres" not in rows
+    assert "(also postgres://)" in " ".join(result.output.split())
+    listed = {
+        row["name"]: row for row in json.loads(runner.invoke(app, ["backends", "--json"]).output)
+    }
+    assert listed["postgres"]["alias_of"] == "postgresql"
+    assert listed["postgresql"]["aliases"] == ["postgres"]
+
+
 def test_backends_json_has_capabilities_for_every_builtin_backend() -> None:
     result = runner.invoke(app, ["backends", "--json"])
     rows = {row["name"]: row for row in json.loads(result.output)}
