@@ -19,7 +19,7 @@ seconds/bytes").
 
 from __future__ import annotations
 
-__all__ = ["MnsError"]
+__all__ = ["MnsError", "int_param"]
 
 
 class MnsError(Exception):
@@ -94,3 +94,13 @@ class MnsError(Exception):
     def malformed_xml(cls) -> MnsError:
         """Return ``MalformedXML`` (400)."""
         return cls("MalformedXML", 400, "The XML you provided was not well-formed.")
+
+
+def int_param(raw: str | None, name: str) -> int | None:
+    """A request parameter's integer value (``None`` if absent); InvalidArgument if not one."""
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise MnsError.invalid_argument(f"The value of {name} must be an integer.") from None

@@ -51,7 +51,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote, unquote
 
-from .errors import MnsError
+from .errors import MnsError, int_param
 from .store import ATTRIBUTE_LIMITS, MnsStore, QueueInfo
 
 __all__ = ["OPENAPI_VERSION", "check_acs3_signature", "dispatch", "error_json", "success_json"]
@@ -200,16 +200,6 @@ def error_json(code: str, message: str, request_id: str, host_id: str) -> bytes:
     ).encode("utf-8")
 
 
-def _int(params: Mapping[str, str], name: str) -> int | None:
-    raw = params.get(name)
-    if raw is None:
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise MnsError.invalid_argument(f"The value of {name} must be an integer.") from None
-
-
 def _queue_name(params: Mapping[str, str]) -> str:
     name = params.get("QueueName")
     if not name:
@@ -240,7 +230,9 @@ def dispatch(store: MnsStore, action: str, raw_query: str, request_id: str) -> t
     params = dict(_query_pairs(raw_query))
     if action == "CreateQueue":
         attributes = {
-            name: value for name in ATTRIBUTE_LIMITS if (value := _int(params, name)) is not None
+            name: value
+            for name in ATTRIBUTE_LIMITS
+            if (value := int_param(params.get(name), name)) is not None
         }
         logging_text = params.get("EnableLogging")
         logging: bool | None = None

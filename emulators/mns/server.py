@@ -77,7 +77,7 @@ from urllib.parse import unquote
 
 from . import openapi, wire
 from .auth import MNS_VERSION, check_digest, check_signature
-from .errors import MnsError
+from .errors import MnsError, int_param
 from .store import MAX_SEND_BODY, Clock, MnsStore
 
 __all__ = [
@@ -115,16 +115,6 @@ _LINGER_SECONDS = 1.0
 _CONTENT_LENGTH_RE = re.compile(r"[0-9]{1,20}\Z")
 
 _Reply = tuple[int, bytes, dict[str, str]]
-
-
-def _int_param(params: Mapping[str, str], name: str) -> int | None:
-    raw = params.get(name.lower())
-    if raw is None:
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise MnsError.invalid_argument(f"The value of {name} must be an integer.") from None
 
 
 class _Server(ThreadingHTTPServer):
@@ -387,11 +377,11 @@ class _Handler(BaseHTTPRequestHandler):
             messages, batch = wire.parse_messages(body)
             return 201, wire.sent_xml(store.send(name, messages), batch), {}
         if method == "GET":
-            count = _int_param(params, "numOfMessages")
+            count = int_param(params.get("numofmessages"), "numOfMessages")
             if params.get("peekonly", "").lower() == "true":
                 views = store.peek(name, 1 if count is None else count)
             else:
-                wait = _int_param(params, "waitseconds")
+                wait = int_param(params.get("waitseconds"), "waitseconds")
                 views = store.receive(name, 1 if count is None else count, wait)
             if count is None:
                 return 200, wire.message_xml(views[0]), {}
@@ -400,7 +390,7 @@ class _Handler(BaseHTTPRequestHandler):
             handle = params.get("receipthandle")
             if not handle:
                 raise MnsError("MissingReceiptHandle", 400, "ReceiptHandle is required.")
-            seconds = _int_param(params, "VisibilityTimeout")
+            seconds = int_param(params.get("visibilitytimeout"), "VisibilityTimeout")
             if seconds is None:
                 raise MnsError("MissingVisibilityTimeout", 400, "VisibilityTimeout is required.")
             new_handle, next_visible = store.change_visibility(name, handle, seconds)
