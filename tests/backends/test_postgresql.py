@@ -470,6 +470,78 @@ def test_the_watchdog_keeps_only_the_calls_in_flight(queue: Queue) -> None:
         assert len(watchdog._heap) < 100, f"{len(watchdog._heap)} finished calls in the heap"
 
 
+def _sleeping(watchdog: postgresql._Watchdog) -> float:
+    """When the watchdog thread next wakes on its own, once it is waiting (5 s at most)."""
+    until = time.monotonic() + 5
+    while time.monotonic() < until:
+        with watchdog._cond:
+            if watchdog._wakes_at:
+                return watchdog._wakes_at
+        time.sleep(0.005)  # a poll with a deadline
+    raise AssertionError("the watchdog thread never went to sleep")
+
+
+class _CountingCondition(threading.Condition):
+    """A condition that counts its notifications."""
+
+    notified = 0
+
+    def notify(self, n: int = 1) -> None:
+        self.notified += 1
+        super().notify(n)
+
+
+def test_a_call_due_later_than_the_watchdogs_wake_does_not_wake_it() -> None:
+    """Waking the thread for every call cost two context switches a call (#21)."""
+    import socket
+
+    watchdog = postgresql._Watchdog()
+    cond = watchdog._cond = _CountingCondition()
+    watchdog.hold()
+    a, b = socket.socketpair()
+    try:
+        first = watchdog.watch(a.fileno(), 30.0)
+        assert first is not None
+        _sleeping(watchdog)  # until the first call's deadline
+        watchdog.unwatch(first[0])
+        before = cond.notified
+        for _ in range(50):  # calls one after another, each due after that wake
+            watched = watchdog.watch(a.fileno(), 30.0)
+            assert watched is not None
+            watchdog.unwatch(watched[0])
+        assert cond.notified == before, f"{cond.notified - before} calls woke the watchdog"
+    finally:
+        watchdog.release()
+        a.close()
+        b.close()
+
+
+def test_a_call_due_sooner_than_the_watchdogs_wake_is_cut_in_time() -> None:
+    import socket
+
+    watchdog = postgresql._Watchdog()
+    watchdog.hold()
+    a, b = socket.socketpair()
+    try:
+        slow = watchdog.watch(a.fileno(), 60.0)
+        assert slow is not None
+        _sleeping(watchdog)  # asleep until the slow call's deadline
+        started = time.monotonic()
+        hung = watchdog.watch(b.fileno(), 0.05)
+        assert hung is not None
+        a.settimeout(10)
+        assert a.recv(1) == b"", "the hung call's socket was not shut down"
+        elapsed = time.monotonic() - started
+        assert hung[1] == [True]
+        assert elapsed < 0.05 + postgresql.CUT_GRACE + 2.0, f"cut after {elapsed:.2f} s"
+        assert slow[1] == [False], "the slow call, not yet due, was cut"
+        watchdog.unwatch(slow[0])
+    finally:
+        watchdog.release()
+        a.close()
+        b.close()
+
+
 def test_closing_the_last_queue_ends_the_watchdog_thread(postgres_server: LocalPostgres) -> None:
     def watchdogs() -> list[threading.Thread]:
         return [t for t in threading.enumerate() if t.name == "leasekit-postgresql-watchdog"]
