@@ -441,6 +441,12 @@ def _fill(pg: LocalPostgres, kind: str, name: str, messages: int) -> None:
         with leasekit.open(pg.url(), queue=name, create=True) as queue:
             for start in range(0, messages, 500):
                 queue.send_many([BODY] * min(500, messages - start))
+        # As the raw side's table (made afresh each round, then vacuumed): the
+        # rows earlier rounds deleted gone from the heap and the indexes, hint
+        # bits set and statistics fresh, so neither side scans the other's past.
+        with psycopg.connect(pg.url(), autocommit=True) as conn:
+            conn.execute("VACUUM ANALYZE leasekit.messages")
+            conn.execute("VACUUM ANALYZE leasekit.leases")
         return
     with psycopg.connect(pg.url(), autocommit=True) as conn:
         conn.execute("CREATE SCHEMA IF NOT EXISTS raw")
