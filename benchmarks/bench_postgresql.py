@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_postgresql.py hold --leases 100000 --lease 10 --seconds 600
     .venv/bin/python benchmarks/bench_postgresql.py throughput --messages 30000 --batch 100 \\
-        --rounds 5 --pgmq-sql pgmq-extension/sql/pgmq.sql
+        --rounds 5 [--split] [--pgmq-sql pgmq-extension/sql/pgmq.sql]
     .venv/bin/python benchmarks/bench_postgresql.py cost --messages 20000 --batch 100 \\
         --rounds 5 [--old-driver FILE] [--profile] [--statements]
     .venv/bin/python benchmarks/bench_postgresql.py peers --messages 5000 --rounds 3 \\
@@ -32,7 +32,10 @@ IN (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING``, then ``DELETE ... USING
 unnest(ids, tokens) RETURNING``), prepared; and pgmq if its SQL is given.
 Rounds alternate (raw, leasekit, pgmq, raw, ...); it reports msg/s, the ratio
 per round and its median, and the CPU per 1,000 messages of the clients and of
-the server, to say which side bounds it.
+the server, to say which side bounds it. ``--split`` adds two drains between
+them: ``sql``, leasekit's own receive and delete statements by hand on one
+psycopg connection (the server's share of the gap), and ``driver``, the driver
+alone without core (the driver's client share); leasekit adds core's.
 
 ``cost`` is the split: in one process, in turns, the raw loop, the driver alone
 (``receive`` then ``delete``, under core's deadline as core calls it) and
@@ -410,6 +413,45 @@ def _raw_worker(url: str, name: str, batch: int, go: Any, out: Any) -> None:
     out.put((done, cpu() - c0))
 
 
+def _sql_worker(url: str, name: str, batch: int, go: Any, out: Any) -> None:
+    """leasekit's own two statements, by hand on one psycopg connection: no driver, no core.
+
+    The server's share of the gap to the raw loop (the lease-batch schema and
+    what each statement does) apart from the client's (the driver and core).
+    """
+    from leasekit.backends import postgresql as backend
+
+    receive = backend._RECEIVE.replace("{s}", '"leasekit"')
+    delete = backend._DELETE.replace("{s}", '"leasekit"')
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT 1").fetchone()
+        go.wait()
+        c0, done = cpu(), 0
+        params: dict[str, Any] = {"queue": name, "limit": batch, "seconds": 30.0}
+        while True:
+            rows = conn.execute(receive, params, prepare=True, binary=True).fetchall()
+            if not rows:
+                break
+            receipts = ",".join(r[5] for r in rows)
+            settled = conn.execute(
+                delete, {"queue": name, "receipts": receipts, "n": len(rows)}, prepare=True
+            ).fetchone()
+            assert settled is not None and settled[0] == len(rows), "a fenced delete missed"
+            done += len(rows)
+    out.put((done, cpu() - c0))
+
+
+def _driver_worker(url: str, name: str, batch: int, go: Any, out: Any) -> None:
+    """The driver alone (receive, then delete, under core's deadline): no core."""
+    queue = leasekit.open(url, queue=name, pool_size=2)
+    queue.stats()
+    go.wait()
+    c0 = cpu()
+    done = _driver_drain(queue.driver, queue.call_timeout, batch)
+    out.put((done, cpu() - c0))
+    queue.close()
+
+
 def _pgmq_worker(url: str, name: str, batch: int, go: Any, out: Any) -> None:
     """pgmq's own loop: ``pgmq.read`` (a visibility timeout), then ``pgmq.delete`` by ids."""
     with psycopg.connect(url, autocommit=True) as conn:
@@ -437,7 +479,7 @@ def _fill(pg: LocalPostgres, kind: str, name: str, messages: int) -> None:
                 conn.execute("SELECT pgmq.send_batch(%s, %s::jsonb[])", [name, [body] * count])
             conn.execute(f"VACUUM ANALYZE pgmq.q_{name}")
         return
-    if kind == "leasekit":
+    if kind in LEASEKIT_TABLES:
         with leasekit.open(pg.url(), queue=name, create=True) as queue:
             for start in range(0, messages, 500):
                 queue.send_many([BODY] * min(500, messages - start))
@@ -464,6 +506,10 @@ def _fill(pg: LocalPostgres, kind: str, name: str, messages: int) -> None:
         conn.execute("VACUUM ANALYZE raw.jobs")
 
 
+#: The kinds that drain a leasekit queue (and its tables).
+LEASEKIT_TABLES = ("leasekit", "driver", "sql")
+
+
 def _reaped(pg: LocalPostgres, children: int) -> None:
     """Wait (5 s at most) until the server is back to ``children`` processes.
 
@@ -481,7 +527,13 @@ def drain(pg: LocalPostgres, kind: str, procs: int, messages: int, batch: int) -
     _fill(pg, kind, name, messages)
     ctx = mp.get_context("spawn")
     go, out = ctx.Event(), ctx.Queue()
-    target = {"leasekit": _leasekit_worker, "raw": _raw_worker, "pgmq": _pgmq_worker}[kind]
+    target = {
+        "leasekit": _leasekit_worker,
+        "driver": _driver_worker,
+        "sql": _sql_worker,
+        "raw": _raw_worker,
+        "pgmq": _pgmq_worker,
+    }[kind]
     workers = [
         ctx.Process(target=target, args=(pg.url(), name, batch, go, out)) for _ in range(procs)
     ]
@@ -490,7 +542,7 @@ def drain(pg: LocalPostgres, kind: str, procs: int, messages: int, batch: int) -
     time.sleep(2.0)  # let the workers import and connect; the clock starts at `go`
     s0 = server_cpu(pg)
     base_children = len(psutil.Process(pg.pid).children()) - procs * (
-        2 if kind == "leasekit" else 1
+        2 if kind in ("leasekit", "driver") else 1
     )
     started = time.monotonic()
     go.set()
@@ -502,7 +554,7 @@ def drain(pg: LocalPostgres, kind: str, procs: int, messages: int, batch: int) -
     server_s = server_cpu(pg) - s0
     done = sum(r[0] for r in results)
     assert done == messages, f"{kind}: drained {done} of {messages}"
-    if kind == "leasekit":
+    if kind in LEASEKIT_TABLES:
         with leasekit.open(pg.url(), queue=name) as queue:
             queue.delete_queue()
     if kind == "pgmq":
@@ -516,9 +568,20 @@ def drain(pg: LocalPostgres, kind: str, procs: int, messages: int, batch: int) -
 
 
 def throughput(
-    pg: LocalPostgres, messages: int, batch: int, rounds: int, pgmq_sql: str | None
+    pg: LocalPostgres,
+    messages: int,
+    batch: int,
+    rounds: int,
+    pgmq_sql: str | None,
+    split: bool = False,
 ) -> None:
-    kinds = ["raw", "leasekit"]
+    """Drain with 1 and 4 processes in turns; with ``split``, also leasekit's SQL and its driver.
+
+    The split runs between the raw loop and leasekit: leasekit's two statements
+    by hand (the server's share of the gap: schema and statements) and the
+    driver alone (plus the driver's client work); leasekit adds core's.
+    """
+    kinds = ["raw", *(("sql", "driver") if split else ()), "leasekit"]
     if pgmq_sql:
         # pgmq's SQL-only install (what it offers for managed services): its schema,
         # tables and plpgsql functions, no extension.
@@ -534,9 +597,6 @@ def throughput(
             kind: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
             for kind, rs in runs.items()
         }
-        ratios = [
-            lk["rate"] / raw["rate"] for lk, raw in zip(runs["leasekit"], runs["raw"], strict=True)
-        ]
         for kind in kinds:
             m = med[kind]
             rates = ", ".join(f"{r['rate']:,.0f}" for r in runs[kind])
@@ -545,10 +605,16 @@ def throughput(
                 f"{rounds}: {rates}); cpu per 1k msgs "
                 f"client {m['client_cpu_per_1k']:.3f} s, server {m['server_cpu_per_1k']:.3f} s"
             )
-        print(
-            f"{procs} proc, batch {batch}: leasekit/raw {statistics.median(ratios):.2f} "
-            f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
-        )
+        for kind in kinds[1:]:
+            if kind == "pgmq":
+                continue
+            ratios = [
+                r["rate"] / raw["rate"] for r, raw in zip(runs[kind], runs["raw"], strict=True)
+            ]
+            print(
+                f"{procs} proc, batch {batch}: {kind}/raw {statistics.median(ratios):.2f} "
+                f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
+            )
         if "pgmq" in runs:
             ratios = [
                 lk["rate"] / q["rate"] for lk, q in zip(runs["leasekit"], runs["pgmq"], strict=True)
@@ -866,6 +932,11 @@ def main() -> None:
     tp.add_argument("--batch", type=int, default=100)
     tp.add_argument("--rounds", type=int, default=3)
     tp.add_argument(
+        "--split",
+        action="store_true",
+        help="also drain with leasekit's statements by hand and with its driver alone",
+    )
+    tp.add_argument(
         "--pgmq-sql",
         default=None,
         help="also run pgmq, installed SQL-only from this file (pgmq-extension/sql/pgmq.sql)",
@@ -924,7 +995,7 @@ def main() -> None:
                 args.statements,
             )
         else:
-            throughput(pg, args.messages, args.batch, args.rounds, args.pgmq_sql)
+            throughput(pg, args.messages, args.batch, args.rounds, args.pgmq_sql, args.split)
 
 
 if __name__ == "__main__":
