@@ -5,6 +5,7 @@
         --rounds 5 [--split] [--pgmq-sql pgmq-extension/sql/pgmq.sql]
     .venv/bin/python benchmarks/bench_postgresql.py cost --messages 20000 --batch 100 \\
         --rounds 5 [--old-driver FILE] [--profile] [--statements]
+    .venv/bin/python benchmarks/bench_postgresql.py paired --messages 40000 --batch 100 --rounds 3
     .venv/bin/python benchmarks/bench_postgresql.py peers --messages 5000 --rounds 3 \\
         --pgmq-sql pgmq-extension/sql/pgmq.sql
 
@@ -48,6 +49,11 @@ REV:backends/postgresql.py > FILE``) in the same turns; ``--profile`` prints
 cProfile's top functions (CPU time) for the driver and for leasekit;
 ``--statements`` each statement's executor time per message
 (``pg_stat_statements``, preloaded in the server it starts).
+
+``paired`` is the client's split at a finer grain: in one process, leasekit's
+statements typed by hand, the driver alone and leasekit take turns batch by
+batch on one queue, and it prints each side's CPU and wall time per message
+around its receive and its settle (see :func:`paired`).
 
 ``peers`` is the job shape of a task queue: enqueue N (each in its bulk form),
 then consume N with a no-op handler in one process, each the way its users
@@ -413,16 +419,23 @@ def _raw_worker(url: str, name: str, batch: int, go: Any, out: Any) -> None:
     out.put((done, cpu() - c0))
 
 
+def _leasekit_statements() -> tuple[str, str]:
+    """The driver's receive and delete statements, for the default schema (a benchmark's peek)."""
+    from leasekit.backends import postgresql as backend
+
+    return (
+        backend._RECEIVE.replace("{s}", '"leasekit"'),
+        backend._DELETE.replace("{s}", '"leasekit"'),
+    )
+
+
 def _sql_worker(url: str, name: str, batch: int, go: Any, out: Any) -> None:
     """leasekit's own two statements, by hand on one psycopg connection: no driver, no core.
 
     The server's share of the gap to the raw loop (the lease-batch schema and
     what each statement does) apart from the client's (the driver and core).
     """
-    from leasekit.backends import postgresql as backend
-
-    receive = backend._RECEIVE.replace("{s}", '"leasekit"')
-    delete = backend._DELETE.replace("{s}", '"leasekit"')
+    receive, delete = _leasekit_statements()
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SELECT 1").fetchone()
         go.wait()
@@ -919,6 +932,82 @@ def cost(
     queue.close()
 
 
+def paired(pg: LocalPostgres, messages: int, batch: int, rounds: int) -> None:
+    """Client time per message of each step, three sides taking turns batch by batch.
+
+    In one process, on one queue: leasekit's statements typed by hand on one
+    psycopg connection (``sql``), the driver alone (``driver``, under core's
+    deadline as core calls it) and leasekit (``lease`` then ``complete_many``)
+    take turns, one batch each, so the machine's drift falls on all three
+    alike. Prints CPU (``process_time``) and wall (``perf_counter``) per message
+    of each side's receive and settle: ``driver`` minus ``sql`` is the driver's
+    client work around the same statements, leasekit minus ``driver`` core's.
+    """
+    url = pg.url()
+    name = f"paired_{uuid.uuid4().hex[:8]}"
+    queue = leasekit.open(url, queue=name, create=True, pool_size=2)
+    queue.stats()
+    receive, delete = _leasekit_statements()
+    conn = psycopg.connect(url, autocommit=True)
+    driver, timeout = queue.driver, queue.call_timeout
+    sides = ("sql", "driver", "leasekit")
+
+    def take(side: str) -> Any:
+        if side == "sql":
+            params = {"queue": name, "limit": batch, "seconds": 30.0}
+            return conn.execute(receive, params, prepare=True, binary=True).fetchall()
+        if side == "driver":
+            with deadline(timeout):
+                return driver.receive(batch, 30.0, 0.0)
+        return queue.lease(batch, duration=30)
+
+    def give(side: str, got: Any) -> None:
+        if side == "sql":
+            params = {"queue": name, "receipts": ",".join(r[5] for r in got), "n": len(got)}
+            conn.execute(delete, params, prepare=True).fetchone()
+        elif side == "driver":
+            with deadline(timeout):
+                driver.delete([m.receipt for m in got])
+        else:
+            queue.complete_many(got)
+
+    print(f"batch {batch}, {messages} messages a round, sides taking turns by batch:")
+    for r in range(rounds):
+        for start in range(0, messages, 500):
+            queue.send_many([BODY] * min(500, messages - start))
+        with psycopg.connect(url, autocommit=True) as c:
+            c.execute("VACUUM ANALYZE leasekit.messages")
+        # side -> [receive cpu, settle cpu, receive wall, settle wall, messages]
+        acc = {side: [0.0, 0.0, 0.0, 0.0, 0] for side in sides}
+        turn = 0
+        while True:
+            side = sides[turn % len(sides)]
+            turn += 1
+            c0, w0 = time.process_time(), time.perf_counter()
+            got = take(side)
+            c1, w1 = time.process_time(), time.perf_counter()
+            if not got:
+                break
+            give(side, got)
+            c2, w2 = time.process_time(), time.perf_counter()
+            a = acc[side]
+            a[0] += c1 - c0
+            a[1] += c2 - c1
+            a[2] += w1 - w0
+            a[3] += w2 - w1
+            a[4] += len(got)
+        print(f"  round {r + 1}: us a message, cpu / wall")
+        for side, a in acc.items():
+            per = [x / max(a[4], 1) * 1e6 for x in a[:4]]
+            print(
+                f"    {side:>8}: receive {per[0]:5.2f} / {per[2]:5.1f}, "
+                f"settle {per[1]:5.2f} / {per[3]:5.1f}"
+            )
+    conn.close()
+    queue.delete_queue()
+    queue.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
@@ -956,6 +1045,12 @@ def main() -> None:
         default=None,
         help="also time this copy of backends/postgresql.py (git show REV:backends/postgresql.py)",
     )
+    pa = sub.add_parser(
+        "paired", help="client time per step: statements by hand, driver, leasekit in turns"
+    )
+    pa.add_argument("--messages", type=int, default=40_000)
+    pa.add_argument("--batch", type=int, default=100)
+    pa.add_argument("--rounds", type=int, default=3)
     pe = sub.add_parser("peers", help="enqueue N, consume N (no-op): leasekit, pgmq, procrastinate")
     pe.add_argument("--messages", type=int, default=5_000)
     pe.add_argument("--batch", type=int, default=100)
@@ -984,6 +1079,8 @@ def main() -> None:
                 )
         elif args.command == "peers":
             peers(pg, args.messages, args.batch, args.concurrency, args.rounds, args.pgmq_sql)
+        elif args.command == "paired":
+            paired(pg, args.messages, args.batch, args.rounds)
         elif args.command == "cost":
             cost(
                 pg,
