@@ -65,6 +65,7 @@ import json
 import math
 import os
 import re
+import select
 import socket
 import threading
 import time
@@ -506,7 +507,10 @@ class _Watchdog:
     """
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        # watch/unwatch hold the plain lock (a C-level ``with``); the thread waits
+        # on a condition over the same lock.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._heap: list[tuple[float, int]] = []
         self._calls: dict[int, tuple[int, list[bool]]] = {}
         self._ids = itertools.count()
@@ -516,6 +520,14 @@ class _Watchdog:
         #: call whose deadline comes later needs no wake-up: the thread finds it
         #: then. Waking it for every call costs two context switches a call.
         self._wakes_at = 0.0
+
+    def after_fork(self) -> None:
+        """In a forked child: none of the parent's calls, pools or thread are this process's.
+
+        The parent's lock may have been held by one of its other threads at the
+        fork (it would stay locked here): the child starts with new ones.
+        """
+        self.__init__()  # type: ignore[misc]
 
     def hold(self) -> None:
         """An open pool uses the watchdog."""
@@ -544,10 +556,10 @@ class _Watchdog:
         cut = [False]
         key = next(self._ids)
         due = time.monotonic() + timeout + CUT_GRACE
-        with self._cond:
+        with self._lock:
             self._calls[key] = (fd, cut)
             heapq.heappush(self._heap, (due, key))
-            if self._thread is None or not self._thread.is_alive():
+            if self._thread is None:  # none yet, released, or ended (see _run)
                 self._thread = threading.Thread(
                     target=self._run, name="leasekit-postgresql-watchdog", daemon=True
                 )
@@ -564,7 +576,7 @@ class _Watchdog:
         not every call of the last ``timeout`` seconds (thousands a second under
         load) for the watchdog thread to pop at once, holding the lock.
         """
-        with self._cond:
+        with self._lock:
             self._calls.pop(key, None)
             heap, calls = self._heap, self._calls
             while heap and heap[0][1] not in calls:
@@ -582,6 +594,14 @@ class _Watchdog:
 
     def _run(self) -> None:
         me = threading.current_thread()
+        try:
+            self._watch_calls(me)
+        finally:
+            with self._lock:  # ended (released, or an error): the next call starts another
+                if self._thread is me:
+                    self._thread = None
+
+    def _watch_calls(self, me: threading.Thread) -> None:
         while True:
             with self._cond:
                 while True:
@@ -605,6 +625,18 @@ class _Watchdog:
 #: The process's watchdog, shared by every pool.
 _WATCHDOG = _Watchdog()
 
+#: This process's id, kept current across forks: ``os.getpid()`` is a system
+#: call, and a pool checks whose it is on every call.
+_PROCESS = [os.getpid()]
+
+
+def _after_fork_in_child() -> None:
+    _PROCESS[0] = os.getpid()
+    _WATCHDOG.after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
 
 def _shutdown(fd: int) -> None:
     """Shut the socket ``fd`` down both ways (its blocked reader wakes with EOF); keep the fd."""
@@ -620,13 +652,18 @@ def _shutdown(fd: int) -> None:
         sock.close()
 
 
-def _timeout_step(seconds: float) -> int:
-    """The server-side statement_timeout (ms) for a call of ``seconds``: the step at or above it."""
-    wanted = math.ceil(seconds * 1000)
+def _timeout_band(wanted_ms: float) -> tuple[float, float, int]:
+    """The server-side statement_timeout for a call of ``wanted_ms``: ``(low, high, step)``.
+
+    ``step`` (ms) is the first of :data:`TIMEOUT_STEPS_MS` at or above the time
+    wanted (0, no limit, past an hour); every time in ``(low, high]`` gets it.
+    """
+    low = 0.0
     for step in TIMEOUT_STEPS_MS:
-        if step >= wanted:
-            return step
-    return 0  # longer than an hour: no server-side limit
+        if wanted_ms <= step:
+            return low, float(step), step
+        low = float(step)
+    return low, math.inf, 0
 
 
 #: libpq's transaction status of a connection outside any transaction.
@@ -640,8 +677,6 @@ def _closed_by_server(conn: psycopg.Connection[Any]) -> bool:
     closed it (EOF, a reset, or a FATAL message before closing), so a readable
     socket means it is gone.
     """
-    import select
-
     try:
         fd = conn.pgconn.socket
         readable, _, _ = select.select([fd], [], [], 0)
@@ -675,10 +710,10 @@ class _Shared:
         would only time out.
         """
         pool = self.pool
-        if pool is not None and self.pid == os.getpid():
+        if pool is not None and self.pid == _PROCESS[0]:
             return pool
         with self.lock:
-            if self.pool is not None and self.pid == os.getpid():
+            if self.pool is not None and self.pid == _PROCESS[0]:
                 return self.pool
             import psycopg
             from psycopg_pool import ConnectionPool
@@ -704,14 +739,14 @@ class _Shared:
             )
             made.open(wait=False)
             self.pool = made
-            self.pid = os.getpid()
+            self.pid = _PROCESS[0]
             self.watchdog.hold()
             return made
 
     def close(self) -> None:
         with self.lock:
             pool, self.pool = self.pool, None
-        if pool is not None and self.pid == os.getpid():
+        if pool is not None and self.pid == _PROCESS[0]:
             pool.close(timeout=1.0)
             self.watchdog.release()
 
@@ -777,7 +812,6 @@ class PostgresqlDriver(Driver):
         self._sql: dict[str, str] = {}
         self._last_purge = 0.0
         self._last_reap = 0.0
-        self._fds_timeouts: dict[int, int] = {}
 
     @classmethod
     def options_from_url(cls, url: ParsedURL) -> dict[str, Any]:
@@ -876,16 +910,18 @@ class PostgresqlDriver(Driver):
     def _statement_timeout(
         self, conn: psycopg.Connection[Any], left: float | None, fd: int
     ) -> None:
-        """Keep the session's statement_timeout at the step of the time left (SET on a change)."""
-        step = 0 if left is None else _timeout_step(max(left, 0.001))
-        key = id(conn)
-        if self._fds_timeouts.get(key) == step and getattr(conn, "_leasekit_fd", None) == fd:
+        """Keep the session's statement_timeout at the step of the time left (SET on a change).
+
+        The connection keeps the band its step serves (and its socket: a
+        connection made anew has its server's default again).
+        """
+        wanted = math.inf if left is None else max(left, 0.001) * 1000
+        held = getattr(conn, "_leasekit_timeout", None)
+        if held is not None and held[0] == fd and held[1] < wanted <= held[2]:
             return
+        low, high, step = _timeout_band(wanted)
         conn.execute("SELECT set_config('statement_timeout', %s, false)", [f"{step}ms"])
-        conn._leasekit_fd = fd  # type: ignore[attr-defined]
-        self._fds_timeouts[key] = step
-        if len(self._fds_timeouts) > 4 * self._shared.pool_size + 16:
-            self._fds_timeouts.clear()
+        conn._leasekit_timeout = (fd, low, high)  # type: ignore[attr-defined]
 
     def _migrate(self, conn: psycopg.Connection[Any], *, create: bool) -> None:
         """Bring the schema up to :data:`SCHEMA_VERSION` (creating it if ``create``).

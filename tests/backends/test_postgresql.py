@@ -496,7 +496,7 @@ def test_a_call_due_later_than_the_watchdogs_wake_does_not_wake_it() -> None:
     import socket
 
     watchdog = postgresql._Watchdog()
-    cond = watchdog._cond = _CountingCondition()
+    cond = watchdog._cond = _CountingCondition(watchdog._lock)
     watchdog.hold()
     a, b = socket.socketpair()
     try:
@@ -540,6 +540,60 @@ def test_a_call_due_sooner_than_the_watchdogs_wake_is_cut_in_time() -> None:
         watchdog.release()
         a.close()
         b.close()
+
+
+def test_the_statement_timeout_follows_each_calls_deadline(queue: Queue) -> None:
+    """Set only when the step changes; a call with less time gets the lower step at once."""
+    from leasekit.deadline import deadline
+
+    driver = queue.driver
+
+    def setting() -> str:
+        with driver._connection() as conn:  # type: ignore[attr-defined]
+            row = conn.execute("SHOW statement_timeout").fetchone()
+            assert row is not None
+            return str(row[0])
+
+    expected = [(30, "30s"), (0.3, "500ms"), (0.24, "250ms"), (0.2, "250ms"), (29, "30s")]
+    for seconds, shown in expected:
+        with deadline(seconds):
+            assert setting() == shown, f"a call of {seconds} s"
+    assert setting() == "0", "a call without a deadline has no server-side limit"
+
+
+def test_a_forked_child_makes_its_own_pool_and_watchdog(postgres_server: LocalPostgres) -> None:
+    """The process id is kept by a fork hook (no system call per call): a child still knows."""
+    import os
+
+    url = postgres_server.url()
+    with leasekit.open(url, queue=f"fork-{uuid.uuid4().hex[:8]}", create=True) as queue:
+        queue.send(b"parent")
+        [lease] = queue.lease(1, duration=30)  # the parent's pool and watchdog at work
+        lease.complete()
+        parents = queue.driver._shared.pool  # type: ignore[attr-defined]
+        pid = os.fork()
+        if pid == 0:  # the child: exit status 0 only if all is well
+            status = 1
+            try:
+                queue.send(b"child")
+                [lease] = queue.lease(1, duration=30)
+                lease.complete()
+                watchdogs = [
+                    t for t in threading.enumerate() if t.name == "leasekit-postgresql-watchdog"
+                ]
+                mine = queue.driver._shared.pool  # type: ignore[attr-defined]
+                if lease.message.body == b"child" and mine is not parents and watchdogs:
+                    status = 0
+            finally:
+                os._exit(status)
+        _, waited = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(waited) == 0, "the child could not use the queue"
+        queue.send(b"parent again")  # the parent's pool was left alone
+        [lease] = queue.lease(1, duration=30)
+        assert lease.message.body == b"parent again"
+        lease.complete()
+        assert queue.driver._shared.pool is parents  # type: ignore[attr-defined]
+        queue.delete()
 
 
 def test_closing_the_last_queue_ends_the_watchdog_thread(postgres_server: LocalPostgres) -> None:
