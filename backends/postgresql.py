@@ -70,6 +70,7 @@ import socket
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -630,9 +631,16 @@ _WATCHDOG = _Watchdog()
 _PROCESS = [os.getpid()]
 
 
+#: Every pool holder of this process: a forked child renews their locks.
+_ALL_SHARED: weakref.WeakSet[_Shared] = weakref.WeakSet()
+
+
 def _after_fork_in_child() -> None:
+    """A child has none of its parent's threads: a lock one of them held stays locked."""
     _PROCESS[0] = os.getpid()
     _WATCHDOG.after_fork()
+    for shared in list(_ALL_SHARED):
+        shared.lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -688,7 +696,7 @@ def _closed_by_server(conn: psycopg.Connection[Any]) -> bool:
 # --------------------------------------------------------------- the pool
 
 
-@dataclass
+@dataclass(eq=False)  # compared (and kept in _ALL_SHARED) by identity
 class _Shared:
     """What a driver and its siblings share: the pool, the watchdog, the migration state."""
 
@@ -700,6 +708,9 @@ class _Shared:
     migrated: bool = False
     watchdog: _Watchdog = field(default_factory=lambda: _WATCHDOG)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        _ALL_SHARED.add(self)
 
     def get(self, timeout: float | None) -> ConnectionPool[Any]:
         """The pool, opened on first use (and anew in a forked child).

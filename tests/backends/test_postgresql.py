@@ -596,6 +596,54 @@ def test_a_forked_child_makes_its_own_pool_and_watchdog(postgres_server: LocalPo
         queue.delete()
 
 
+def test_a_forked_child_is_not_stopped_by_a_lock_held_at_the_fork(
+    postgres_server: LocalPostgres,
+) -> None:
+    """A thread of the parent holding the pool's lock at the fork does not exist in the child."""
+    import os
+    import signal
+
+    url = postgres_server.url()
+    with leasekit.open(url, queue=f"forklock-{uuid.uuid4().hex[:8]}", create=True) as queue:
+        queue.send(b"parent")
+        shared = queue.driver._shared  # type: ignore[attr-defined]
+        holding, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with shared.lock:
+                holding.set()
+                release.wait(10)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        assert holding.wait(5)
+        pid = os.fork()
+        if pid == 0:  # the child: its first call makes its own pool, under that lock
+            status = 1
+            try:
+                queue.send(b"child")
+                status = 0
+            finally:
+                os._exit(status)
+        release.set()
+        holder.join()
+        until = time.monotonic() + 15
+        while True:
+            done, waited = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > until:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise AssertionError("the child blocked on a lock held at the fork")
+            time.sleep(0.05)  # a poll with a deadline
+        assert os.waitstatus_to_exitcode(waited) == 0
+        leases = queue.lease(5, duration=30)
+        assert sorted(lease.message.body for lease in leases) == [b"child", b"parent"]
+        queue.complete_many(leases)
+        queue.delete()
+
+
 def test_closing_the_last_queue_ends_the_watchdog_thread(postgres_server: LocalPostgres) -> None:
     def watchdogs() -> list[threading.Thread]:
         return [t for t in threading.enumerate() if t.name == "leasekit-postgresql-watchdog"]
