@@ -508,6 +508,9 @@ class _Watchdog:
     """
 
     def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
         # watch/unwatch hold the plain lock (a C-level ``with``); the thread waits
         # on a condition over the same lock.
         self._lock = threading.Lock()
@@ -528,7 +531,7 @@ class _Watchdog:
         The parent's lock may have been held by one of its other threads at the
         fork (it would stay locked here): the child starts with new ones.
         """
-        self.__init__()  # type: ignore[misc]
+        self._reset()
 
     def hold(self) -> None:
         """An open pool uses the watchdog."""

@@ -429,6 +429,19 @@ def _leasekit_statements() -> tuple[str, str]:
     )
 
 
+def _sql_receive(conn: psycopg.Connection[Any], statement: str, name: str, batch: int) -> Any:
+    """Lease up to ``batch`` with leasekit's receive statement, typed by hand."""
+    params = {"queue": name, "limit": batch, "seconds": 30.0}
+    return conn.execute(statement, params, prepare=True, binary=True).fetchall()
+
+
+def _sql_delete(conn: psycopg.Connection[Any], statement: str, name: str, rows: Any) -> None:
+    """Complete ``rows`` with leasekit's fenced delete, typed by hand (each must match)."""
+    params = {"queue": name, "receipts": ",".join(r[5] for r in rows), "n": len(rows)}
+    settled = conn.execute(statement, params, prepare=True).fetchone()
+    assert settled is not None and settled[0] == len(rows), "a fenced delete missed"
+
+
 def _sql_worker(url: str, name: str, batch: int, go: Any, out: Any) -> None:
     """leasekit's own two statements, by hand on one psycopg connection: no driver, no core.
 
@@ -440,16 +453,8 @@ def _sql_worker(url: str, name: str, batch: int, go: Any, out: Any) -> None:
         conn.execute("SELECT 1").fetchone()
         go.wait()
         c0, done = cpu(), 0
-        params: dict[str, Any] = {"queue": name, "limit": batch, "seconds": 30.0}
-        while True:
-            rows = conn.execute(receive, params, prepare=True, binary=True).fetchall()
-            if not rows:
-                break
-            receipts = ",".join(r[5] for r in rows)
-            settled = conn.execute(
-                delete, {"queue": name, "receipts": receipts, "n": len(rows)}, prepare=True
-            ).fetchone()
-            assert settled is not None and settled[0] == len(rows), "a fenced delete missed"
+        while rows := _sql_receive(conn, receive, name, batch):
+            _sql_delete(conn, delete, name, rows)
             done += len(rows)
     out.put((done, cpu() - c0))
 
@@ -494,14 +499,7 @@ def _fill(pg: LocalPostgres, kind: str, name: str, messages: int) -> None:
         return
     if kind in LEASEKIT_TABLES:
         with leasekit.open(pg.url(), queue=name, create=True) as queue:
-            for start in range(0, messages, 500):
-                queue.send_many([BODY] * min(500, messages - start))
-        # As the raw side's table (made afresh each round, then vacuumed): the
-        # rows earlier rounds deleted gone from the heap and the indexes, hint
-        # bits set and statistics fresh, so neither side scans the other's past.
-        with psycopg.connect(pg.url(), autocommit=True) as conn:
-            conn.execute("VACUUM ANALYZE leasekit.messages")
-            conn.execute("VACUUM ANALYZE leasekit.leases")
+            _send_and_vacuum(queue, pg.url(), messages)
         return
     with psycopg.connect(pg.url(), autocommit=True) as conn:
         conn.execute("CREATE SCHEMA IF NOT EXISTS raw")
@@ -517,6 +515,20 @@ def _fill(pg: LocalPostgres, kind: str, name: str, messages: int) -> None:
             "INSERT INTO raw.jobs (body) SELECT %s FROM generate_series(1, %s)", [BODY, messages]
         )
         conn.execute("VACUUM ANALYZE raw.jobs")
+
+
+def _send_and_vacuum(queue: leasekit.Queue, url: str, messages: int) -> None:
+    """Send ``messages``, then vacuum leasekit's tables.
+
+    As the raw side's table (made afresh each round, then vacuumed): the rows
+    earlier rounds deleted gone from the heap and the indexes, hint bits set
+    and statistics fresh, so neither side scans the other's past.
+    """
+    for start in range(0, messages, 500):
+        queue.send_many([BODY] * min(500, messages - start))
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE leasekit.messages")
+        conn.execute("VACUUM ANALYZE leasekit.leases")
 
 
 #: The kinds that drain a leasekit queue (and its tables).
@@ -872,11 +884,7 @@ def cost(
         if kind == "raw":
             _fill(pg, "raw", name, messages)
         else:
-            for start in range(0, messages, 500):
-                queue.send_many([BODY] * min(500, messages - start))
-            with psycopg.connect(url, autocommit=True) as conn:
-                conn.execute("VACUUM ANALYZE leasekit.messages")
-                conn.execute("VACUUM ANALYZE leasekit.leases")
+            _send_and_vacuum(queue, url, messages)
 
     for _ in range(rounds):
         for kind, drain_it in drains.items():
@@ -954,8 +962,7 @@ def paired(pg: LocalPostgres, messages: int, batch: int, rounds: int) -> None:
 
     def take(side: str) -> Any:
         if side == "sql":
-            params = {"queue": name, "limit": batch, "seconds": 30.0}
-            return conn.execute(receive, params, prepare=True, binary=True).fetchall()
+            return _sql_receive(conn, receive, name, batch)
         if side == "driver":
             with deadline(timeout):
                 return driver.receive(batch, 30.0, 0.0)
@@ -963,8 +970,7 @@ def paired(pg: LocalPostgres, messages: int, batch: int, rounds: int) -> None:
 
     def give(side: str, got: Any) -> None:
         if side == "sql":
-            params = {"queue": name, "receipts": ",".join(r[5] for r in got), "n": len(got)}
-            conn.execute(delete, params, prepare=True).fetchone()
+            _sql_delete(conn, delete, name, got)
         elif side == "driver":
             with deadline(timeout):
                 driver.delete([m.receipt for m in got])
@@ -973,10 +979,7 @@ def paired(pg: LocalPostgres, messages: int, batch: int, rounds: int) -> None:
 
     print(f"batch {batch}, {messages} messages a round, sides taking turns by batch:")
     for r in range(rounds):
-        for start in range(0, messages, 500):
-            queue.send_many([BODY] * min(500, messages - start))
-        with psycopg.connect(url, autocommit=True) as c:
-            c.execute("VACUUM ANALYZE leasekit.messages")
+        _send_and_vacuum(queue, url, messages)
         # side -> [receive cpu, settle cpu, receive wall, settle wall, messages]
         acc = {side: [0.0, 0.0, 0.0, 0.0, 0] for side in sides}
         turn = 0

@@ -9,12 +9,15 @@ classification, and deadlines applied to the server and the socket.
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
@@ -493,8 +496,6 @@ class _CountingCondition(threading.Condition):
 
 def test_a_call_due_later_than_the_watchdogs_wake_does_not_wake_it() -> None:
     """Waking the thread for every call cost two context switches a call (#21)."""
-    import socket
-
     watchdog = postgresql._Watchdog()
     cond = watchdog._cond = _CountingCondition(watchdog._lock)
     watchdog.hold()
@@ -517,8 +518,6 @@ def test_a_call_due_later_than_the_watchdogs_wake_does_not_wake_it() -> None:
 
 
 def test_a_call_due_sooner_than_the_watchdogs_wake_is_cut_in_time() -> None:
-    import socket
-
     watchdog = postgresql._Watchdog()
     watchdog.hold()
     a, b = socket.socketpair()
@@ -561,33 +560,53 @@ def test_the_statement_timeout_follows_each_calls_deadline(queue: Queue) -> None
     assert setting() == "0", "a call without a deadline has no server-side limit"
 
 
+def _forked(child: Callable[[], bool]) -> int:
+    """Fork; the child runs ``child`` and exits 0 if it answered true (1 otherwise). The pid."""
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            status = 0 if child() else 1
+        finally:
+            os._exit(status)
+    return pid
+
+
+def _exit_code(pid: int, what: str, within: float = 15.0) -> int:
+    """The forked child's exit code; it is killed (and the test fails) if not done ``within``."""
+    until = time.monotonic() + within
+    while True:
+        done, waited = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(waited)
+        if time.monotonic() > until:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError(f"the child did not finish: {what}")
+        time.sleep(0.05)  # a poll with a deadline
+
+
 def test_a_forked_child_makes_its_own_pool_and_watchdog(postgres_server: LocalPostgres) -> None:
     """The process id is kept by a fork hook (no system call per call): a child still knows."""
-    import os
-
     url = postgres_server.url()
     with leasekit.open(url, queue=f"fork-{uuid.uuid4().hex[:8]}", create=True) as queue:
         queue.send(b"parent")
         [lease] = queue.lease(1, duration=30)  # the parent's pool and watchdog at work
         lease.complete()
         parents = queue.driver._shared.pool  # type: ignore[attr-defined]
-        pid = os.fork()
-        if pid == 0:  # the child: exit status 0 only if all is well
-            status = 1
-            try:
-                queue.send(b"child")
-                [lease] = queue.lease(1, duration=30)
-                lease.complete()
-                watchdogs = [
-                    t for t in threading.enumerate() if t.name == "leasekit-postgresql-watchdog"
-                ]
-                mine = queue.driver._shared.pool  # type: ignore[attr-defined]
-                if lease.message.body == b"child" and mine is not parents and watchdogs:
-                    status = 0
-            finally:
-                os._exit(status)
-        _, waited = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(waited) == 0, "the child could not use the queue"
+
+        def child() -> bool:
+            queue.send(b"child")
+            [lease] = queue.lease(1, duration=30)
+            lease.complete()
+            watchdogs = [
+                t for t in threading.enumerate() if t.name == "leasekit-postgresql-watchdog"
+            ]
+            mine = queue.driver._shared.pool  # type: ignore[attr-defined]
+            return lease.message.body == b"child" and mine is not parents and bool(watchdogs)
+
+        code = _exit_code(_forked(child), "using the queue")
+        assert code == 0, "the child could not use the queue"
         queue.send(b"parent again")  # the parent's pool was left alone
         [lease] = queue.lease(1, duration=30)
         assert lease.message.body == b"parent again"
@@ -600,9 +619,6 @@ def test_a_forked_child_is_not_stopped_by_a_lock_held_at_the_fork(
     postgres_server: LocalPostgres,
 ) -> None:
     """A thread of the parent holding the pool's lock at the fork does not exist in the child."""
-    import os
-    import signal
-
     url = postgres_server.url()
     with leasekit.open(url, queue=f"forklock-{uuid.uuid4().hex[:8]}", create=True) as queue:
         queue.send(b"parent")
@@ -617,27 +633,15 @@ def test_a_forked_child_is_not_stopped_by_a_lock_held_at_the_fork(
         holder = threading.Thread(target=hold)
         holder.start()
         assert holding.wait(5)
-        pid = os.fork()
-        if pid == 0:  # the child: its first call makes its own pool, under that lock
-            status = 1
-            try:
-                queue.send(b"child")
-                status = 0
-            finally:
-                os._exit(status)
+
+        def child() -> bool:  # its first call makes its own pool, under that lock
+            queue.send(b"child")
+            return True
+
+        pid = _forked(child)
         release.set()
         holder.join()
-        until = time.monotonic() + 15
-        while True:
-            done, waited = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            if time.monotonic() > until:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                raise AssertionError("the child blocked on a lock held at the fork")
-            time.sleep(0.05)  # a poll with a deadline
-        assert os.waitstatus_to_exitcode(waited) == 0
+        assert _exit_code(pid, "blocked on a lock held at the fork?") == 0
         leases = queue.lease(5, duration=30)
         assert sorted(lease.message.body for lease in leases) == [b"child", b"parent"]
         queue.complete_many(leases)
