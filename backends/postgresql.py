@@ -870,6 +870,23 @@ class PostgresqlDriver(Driver):
             self._sql[name] = rendered
         return rendered
 
+    def _receive_statement(self, limit: int) -> str:
+        """The receive statement with ``limit`` written in, not a parameter (one per limit).
+
+        With ``LIMIT $n`` PostgreSQL cannot cost a generic plan (it assumes a
+        tenth of the table), so on a queue of any size it plans the statement
+        anew at every call, custom to the limit given: measured, ~500 us of
+        server CPU a call, 5 us a message at batches of 100, a sixth of the
+        server's work per message. With the limit written in, the generic plan
+        is the custom one and is kept after the first few calls. A caller uses
+        a handful of batch sizes; at most :data:`BATCH` statements exist.
+        """
+        name = f"receive {limit}"
+        rendered = self._sql.get(name)
+        if rendered is None:
+            rendered = self._q(name, _RECEIVE.replace("%(limit)s", str(int(limit))))
+        return rendered
+
     @contextmanager
     def _connection(self, *, migrate: bool = True) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection for one transaction, bounded by core's deadline."""
@@ -1045,12 +1062,14 @@ class PostgresqlDriver(Driver):
                 self._reap(conn, params, now)
             # Binary results: bodies and times arrive as they are stored, not
             # hex and text psycopg would parse (a fifth less client CPU per row).
-            receive = self._q("receive", _RECEIVE)
+            receive = self._receive_statement(max_messages)
             rows = conn.execute(receive, params, binary=True).fetchall()
             if len(rows) < max_messages and not reaped and self._reap(conn, params, now):
-                # Expired batches were given back: take from them too.
+                # Expired batches were given back: take from them too (a rare
+                # call, with its limit as a parameter: no statement per remainder).
                 params["limit"] = max_messages - len(rows)
-                rows += conn.execute(receive, params, binary=True).fetchall()
+                again = self._q("receive", _RECEIVE)
+                rows += conn.execute(again, params, binary=True).fetchall()
             if not rows:
                 self._check_exists(conn)
                 return []
