@@ -93,8 +93,8 @@ from leasekit.spi import (
     ParsedURL,
     QueueStats,
     RawMessage,
+    ReceivedRows,
     Visibility,
-    received,
 )
 
 if TYPE_CHECKING:
@@ -1044,7 +1044,7 @@ class PostgresqlDriver(Driver):
                 raise self._missing()
         return [str(i) for i in ids]
 
-    def receive(self, max_messages: int, visibility: float, wait: float) -> list[RawMessage]:
+    def receive(self, max_messages: int, visibility: float, wait: float) -> Sequence[RawMessage]:
         """Give expired lease batches back, then lease up to ``max_messages`` (core waits)."""
         params = {
             "queue": self.queue,
@@ -1073,23 +1073,9 @@ class PostgresqlDriver(Driver):
             if not rows:
                 self._check_exists(conn)
                 return []
-        # ``received`` sets the fields directly: a frozen dataclass's ``__init__``
-        # costs twice as much, at one message object per row.
-        return [
-            received(
-                message_id,
-                body,
-                receipt,
-                count,
-                enqueued_at,
-                until,
-                _props(props) if props else {},
-                None,
-                None,
-                group,
-            )
-            for message_id, body, props, enqueued_at, count, receipt, until, group in rows
-        ]
+        # Rows as they are, in ReceivedRows' order: core makes each lease from
+        # its row, with no RawMessage per message in between.
+        return ReceivedRows(rows, _props)
 
     def _reap(self, conn: psycopg.Connection[Any], params: dict[str, Any], now: float) -> int:
         """Give the messages of expired lease batches back; how many (its own transaction)."""

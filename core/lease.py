@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import LeaseLost
 from .lease_record import LeaseBatch, LeaseRecord
-from .message import LeaseState, Message
+from .message import _SET as _MESSAGE_SET
+from .message import NO_PROPERTIES, LeaseState, Message
 from .options import check_callable
-from .spi import RawMessage
+from .spi import RawMessage, ReceivedRows
 
 if TYPE_CHECKING:
     from .queue import Queue
@@ -310,3 +311,58 @@ def _raise_first(results: list[Any]) -> None:
     error = results[0]
     if isinstance(error, BaseException):
         raise error
+
+
+def leases_from_rows(
+    queue: Queue, rows: ReceivedRows, duration: float, deadline: float, received_at: float
+) -> list[Lease]:
+    """The leases of a receive that gave plain rows (:class:`~leasekit.spi.ReceivedRows`).
+
+    The same objects :meth:`LeaseOperations.leases_from` makes from
+    :class:`RawMessage` objects (a :class:`Message`, a :class:`LeaseRecord`, a
+    :class:`Lease` for each row; tested field by field), made in one loop with
+    no call per object: between two network calls the calls and the
+    :class:`RawMessage` cost twice the objects themselves (measured on
+    PostgreSQL, batches of 100: 2.8 against 1.0 µs a message in a tight loop).
+    For a lease duration the receive set (not ``lease_set_after_receive``) and
+    no checkpoint store.
+    """
+    shared = LeaseBatch(queue.events)
+    mutex = shared.mutex
+    held = LeaseState.HELD
+    decode = rows.decode
+    new_message, new_record, new_lease = _new, _new, _new
+    set_id, set_body, set_count, set_enqueued, set_properties, set_checkpoint, set_group = (
+        _MESSAGE_SET
+    )
+    leases = []
+    for message_id, body, properties, enqueued_at, count, receipt, until, group in rows.rows:
+        message = new_message(Message)
+        set_id(message, message_id)
+        set_body(message, body)
+        set_count(message, count)
+        set_enqueued(message, enqueued_at)
+        set_properties(message, (properties and decode(properties)) or NO_PROPERTIES)
+        set_checkpoint(message, None)
+        set_group(message, group)
+        record = new_record(LeaseRecord)  # as LeaseRecord.create sets it
+        record.receipt = receipt
+        record.expires_at = until
+        record.deadline = deadline
+        record.duration = duration
+        record.state = held
+        record.busy = None
+        record.lost_error = None
+        record.checkpoints = 0
+        record._batch = shared
+        record._mutex = mutex
+        record._on_lost = None
+        record._lost_event = None
+        lease = new_lease(Lease)  # as Lease._received sets it
+        lease._queue = queue
+        lease.message = message
+        lease._raw = None
+        lease.received_at = received_at
+        lease._record = record
+        leases.append(lease)
+    return leases

@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 from . import errors
 from .deadline import deadline, time_left
 from .events import Events
-from .lease import Lease, _raise_first
+from .lease import Lease, _raise_first, leases_from_rows
 from .lease_record import RENEW, SETTLE, LeaseBatch, LeaseRecord, settled_together, take_together
 from .message import NO_PROPERTIES, LeaseState, received_message
-from .spi import CheckpointEntry, RawMessage, Visibility
+from .spi import CheckpointEntry, RawMessage, ReceivedRows, Visibility
 
 if TYPE_CHECKING:
     from .queue import Queue
@@ -108,10 +108,14 @@ class LeaseOperations:
         backend keeps none.
         """
         queue = self._queue
-        leases = []
         set_after = queue.capabilities.lease_set_after_receive
-        now = time.time()
         store = queue.checkpoint_store
+        if type(batch) is ReceivedRows:
+            if not set_after and store is None:  # plain rows: no RawMessage at all
+                return leases_from_rows(queue, batch, seconds, started + seconds, time.monotonic())
+            batch = batch.messages()
+        leases = []
+        now = time.time()
         # One of each per receive, shared by its leases: the lock and events, the
         # receive time, and (unless set after) the deadline.
         shared = LeaseBatch(queue.events)

@@ -44,10 +44,10 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, ClassVar, NamedTuple, TypeVar
+from typing import Any, ClassVar, NamedTuple, TypeVar, overload
 
 from .capabilities import Capabilities
 
@@ -61,6 +61,7 @@ __all__ = [
     "ParsedURL",
     "QueueStats",
     "RawMessage",
+    "ReceivedRows",
     "Visibility",
     "each",
     "received",
@@ -227,6 +228,76 @@ def received(
     return message
 
 
+class ReceivedRows(Sequence[RawMessage]):
+    """A receive's messages as the rows a database gave, one tuple each: no object per message.
+
+    For a driver whose receive yields plain rows (PostgreSQL): core makes each
+    lease straight from its row, without a :class:`RawMessage` in between (one
+    object fewer per message; measured, a third of the client's work per
+    received message). Read as a sequence it is one of :class:`RawMessage`,
+    made on first access, so whoever else calls the driver sees no difference.
+
+    Each row is ``(id, body, properties, enqueued_at, delivery_count, receipt,
+    visible_until, group)``, as :class:`RawMessage` defines them, except that
+    ``properties`` is the driver's own form, which ``decode`` turns into a
+    ``dict`` (called only when the row has some). ``raw`` and ``checkpoint``
+    are ``None``: a driver with either returns :class:`RawMessage` objects.
+    """
+
+    __slots__ = ("_messages", "decode", "rows")
+
+    def __init__(
+        self, rows: list[tuple[Any, ...]], decode: Callable[[Any], dict[str, str]]
+    ) -> None:
+        self.rows = rows
+        self.decode = decode
+        self._messages: list[RawMessage] | None = None
+
+    def messages(self) -> list[RawMessage]:
+        """The rows as :class:`RawMessage` objects (made once)."""
+        if self._messages is None:
+            decode = self.decode
+            self._messages = [
+                received(
+                    id_,
+                    body,
+                    receipt,
+                    count,
+                    enqueued_at,
+                    until,
+                    decode(props) if props else {},
+                    None,
+                    None,
+                    group,
+                )
+                for id_, body, props, enqueued_at, count, receipt, until, group in self.rows
+            ]
+        return self._messages
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[RawMessage]:
+        return iter(self.messages())
+
+    @overload
+    def __getitem__(self, index: int) -> RawMessage: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[RawMessage]: ...
+
+    def __getitem__(self, index: int | slice) -> RawMessage | list[RawMessage]:
+        return self.messages()[index]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ReceivedRows):
+            other = other.messages()
+        return isinstance(other, list) and self.messages() == other
+
+    def __repr__(self) -> str:
+        return f"ReceivedRows({self.messages()!r})"
+
+
 class CheckpointEntry(NamedTuple):
     """One checkpoint for :meth:`Driver.checkpoint`: the receipt, the message as received, the data.
 
@@ -368,12 +439,13 @@ class Driver(ABC):
         raise NotImplementedError("The 'send' method must be implemented.")  # pragma: no cover
 
     @abstractmethod
-    def receive(self, max_messages: int, visibility: float, wait: float) -> list[RawMessage]:
+    def receive(self, max_messages: int, visibility: float, wait: float) -> Sequence[RawMessage]:
         """Receive up to ``max_messages`` messages and hide each for ``visibility`` seconds.
 
         Should block no more than ``wait`` seconds; may return fewer messages
         than asked, or none. Each message must get a receipt that is valid for
         this delivery only where ``capabilities.detects_stale_receipts``.
+        A list of :class:`RawMessage`, or a :class:`ReceivedRows` of plain rows.
         """
         raise NotImplementedError("The 'receive' method must be implemented.")  # pragma: no cover
 

@@ -309,3 +309,43 @@ def test_complete_keeps_the_settle_contract_on_both_paths(
         third.complete()
     expected = [first.message.id, taken.message.id, third.message.id] if observed else []
     assert watcher.completed == expected
+
+
+def test_leases_made_from_plain_rows_are_those_made_from_raw_messages() -> None:
+    """``ReceivedRows`` takes a path of its own in core: the same objects, field by field."""
+    from datetime import UTC, datetime, timedelta
+
+    from leasekit.lease import Lease
+    from leasekit.lease_record import LeaseRecord
+    from leasekit.spi import ReceivedRows
+
+    now = datetime.now(UTC)
+    rows = [
+        ("m1", b"one", None, now, 1, "1.11", now + timedelta(seconds=30), None),
+        ("m2", b"two", '{"k": "v"}', now, 3, "2.22", now + timedelta(seconds=30), "g"),
+        ("m3", b"three", {}, now, 2, "3.33", now + timedelta(seconds=30), None),
+    ]
+    batch = ReceivedRows(rows, lambda value: dict(json.loads(value)))
+    assert len(batch) == 3 and batch[1].properties == {"k": "v"} and batch == batch.messages()
+    with leasekit.open("memory://", queue="rows") as queue:
+        operations = queue._operations  # type: ignore[attr-defined]
+        from_rows = operations.leases_from(batch, 30.0, 100.0)
+        from_raw = operations.leases_from(batch.messages(), 30.0, 100.0)
+        assert type(from_rows[0]) is Lease and len(from_rows) == len(from_raw) == 3
+        for a, b in zip(from_rows, from_raw, strict=True):
+            assert a.message == b.message and type(a.message) is type(b.message)
+            assert a.message.properties is NO_PROPERTIES or a.message.properties == {"k": "v"}
+            assert type(a.message.properties) is type(b.message.properties)
+            for name in Lease.__slots__:
+                if name not in ("__weakref__", "_record", "received_at"):
+                    assert getattr(a, name) == getattr(b, name), name
+            assert abs(a.received_at - b.received_at) < 5.0
+            for name in LeaseRecord.__slots__:
+                left, right = getattr(a._record, name), getattr(b._record, name)
+                if name in ("_batch", "_mutex"):  # one per receive: the same kind, shared
+                    assert type(left) is type(right), name
+                    assert left is getattr(from_rows[0]._record, name), name
+                else:
+                    assert left == right, name
+        for lease in from_rows:  # and they work: a memory queue holds no such receipts
+            assert lease.state is leasekit.LeaseState.HELD and lease.receipt

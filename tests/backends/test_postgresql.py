@@ -37,10 +37,11 @@ from leasekit import (
 from leasekit.backends import postgresql
 from leasekit.backends.postgresql import SCHEMA_VERSION, PostgresqlDriver
 from leasekit.conformance import AsyncUrlHarness, ConformanceSuite, UrlHarness
+from leasekit.deadline import deadline
 from leasekit.emulators.postgres import LocalPostgres
 from leasekit.queue import Queue
 from leasekit.retry import RetryPolicy
-from leasekit.spi import ErrorCode
+from leasekit.spi import ErrorCode, ReceivedRows
 
 # --------------------------------------------------------------- conformance
 
@@ -493,6 +494,27 @@ def test_the_receive_is_planned_once_not_at_every_call(postgres_server: LocalPos
     assert custom <= 5 and generic >= 20 - 2 - 5, (generic, custom)
 
 
+def test_a_checkpoint_store_is_read_for_messages_received_as_rows(
+    postgres_server: LocalPostgres,
+) -> None:
+    """The receive gives plain rows; with a store, core reads each one's checkpoint."""
+    store = leasekit.MemoryCheckpointStore()
+    name = f"rows-{uuid.uuid4().hex[:8]}"
+    with _open(postgres_server, name, create=True, checkpoint_store=store) as q:
+        q.send_many([b"a", b"b"])
+        with deadline(10.0):
+            rows = q.driver.receive(2, 0.5, 0.0)  # leased for half a second, then back
+        assert isinstance(rows, ReceivedRows)
+        store.save(rows[1].id, b"half-way", 1)
+        leases = q.lease(2, duration=30, wait=5)
+        assert {lease.message.id: lease.message.checkpoint for lease in leases} == {
+            rows[0].id: None,
+            rows[1].id: b"half-way",
+        }
+        q.complete_many(leases)
+        q.delete_queue()
+
+
 def test_the_watchdog_keeps_only_the_calls_in_flight(queue: Queue) -> None:
     """Finished calls leave its heap when they end, not when their deadline passes."""
     watchdog = postgresql._WATCHDOG
@@ -574,7 +596,6 @@ def test_a_call_due_sooner_than_the_watchdogs_wake_is_cut_in_time() -> None:
 
 def test_the_statement_timeout_follows_each_calls_deadline(queue: Queue) -> None:
     """Set only when the step changes; a call with less time gets the lower step at once."""
-    from leasekit.deadline import deadline
 
     driver = queue.driver
 
