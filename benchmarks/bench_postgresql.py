@@ -419,12 +419,13 @@ def _raw_worker(url: str, name: str, batch: int, go: Any, out: Any) -> None:
     out.put((done, cpu() - c0))
 
 
-def _leasekit_statements() -> tuple[str, str]:
-    """The driver's receive and delete statements, for the default schema (a benchmark's peek)."""
+def _leasekit_statements(batch: int) -> tuple[str, str]:
+    """The driver's receive (for ``batch``) and delete statements, default schema (a peek)."""
     from leasekit.backends import postgresql as backend
 
+    receive = backend._RECEIVE.replace("%(limit)s", str(batch))  # as the driver writes it
     return (
-        backend._RECEIVE.replace("{s}", '"leasekit"'),
+        receive.replace("{s}", '"leasekit"'),
         backend._DELETE.replace("{s}", '"leasekit"'),
     )
 
@@ -448,7 +449,7 @@ def _sql_worker(url: str, name: str, batch: int, go: Any, out: Any) -> None:
     The server's share of the gap to the raw loop (the lease-batch schema and
     what each statement does) apart from the client's (the driver and core).
     """
-    receive, delete = _leasekit_statements()
+    receive, delete = _leasekit_statements(batch)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SELECT 1").fetchone()
         go.wait()
@@ -792,6 +793,15 @@ def peers(
 # ------------------------------------------------------------------ cost
 
 
+def _receipts(received: Any) -> list[str]:
+    """The receipts of what ``driver.receive`` returned, read as core reads them."""
+    from leasekit.spi import ReceivedRows
+
+    if isinstance(received, ReceivedRows):  # plain rows: the receipt is column 5
+        return [row[5] for row in received.rows]
+    return [m.receipt for m in received]
+
+
 def _driver_drain(driver: Any, timeout: float, batch: int) -> int:
     """The driver alone, under core's deadline as core calls it: receive, then delete."""
     done = 0
@@ -801,7 +811,7 @@ def _driver_drain(driver: Any, timeout: float, batch: int) -> int:
         if not rows:
             return done
         with deadline(timeout):
-            results = driver.delete([r.receipt for r in rows])
+            results = driver.delete(_receipts(rows))
         assert not any(results), "a delete failed"
         done += len(rows)
 
@@ -955,7 +965,7 @@ def paired(pg: LocalPostgres, messages: int, batch: int, rounds: int) -> None:
     name = f"paired_{uuid.uuid4().hex[:8]}"
     queue = leasekit.open(url, queue=name, create=True, pool_size=2)
     queue.stats()
-    receive, delete = _leasekit_statements()
+    receive, delete = _leasekit_statements(batch)
     conn = psycopg.connect(url, autocommit=True)
     driver, timeout = queue.driver, queue.call_timeout
     sides = ("sql", "driver", "leasekit")
@@ -973,7 +983,7 @@ def paired(pg: LocalPostgres, messages: int, batch: int, rounds: int) -> None:
             _sql_delete(conn, delete, name, got)
         elif side == "driver":
             with deadline(timeout):
-                driver.delete([m.receipt for m in got])
+                driver.delete(_receipts(got))
         else:
             queue.complete_many(got)
 
