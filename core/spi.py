@@ -290,9 +290,12 @@ class ReceivedRows(Sequence[RawMessage]):
         return self.messages()[index]
 
     def __eq__(self, other: object) -> bool:
+        """Equal to a list (or another ``ReceivedRows``) of the same messages, as a list is."""
         if isinstance(other, ReceivedRows):
             other = other.messages()
-        return isinstance(other, list) and self.messages() == other
+        if not isinstance(other, list):
+            return NotImplemented
+        return self.messages() == other
 
     def __repr__(self) -> str:
         return f"ReceivedRows({self.messages()!r})"

@@ -596,7 +596,6 @@ def test_a_call_due_sooner_than_the_watchdogs_wake_is_cut_in_time() -> None:
 
 def test_the_statement_timeout_follows_each_calls_deadline(queue: Queue) -> None:
     """Set only when the step changes; a call with less time gets the lower step at once."""
-
     driver = queue.driver
 
     def setting() -> str:
