@@ -116,6 +116,11 @@ REAP_LIMIT = 200
 #: whenever it finds fewer messages than asked for: under load, an expired
 #: message is back within this long, and a receive is one statement, not two.
 REAP_EVERY = 0.1
+#: A connection between two calls waits in the driver's own idle list, not the
+#: pool (a pool round costs more client CPU than the statements' own work at
+#: small batches); after this many seconds out of the pool it is given back at
+#: the end of its next call, so the pool's lifetime and idle rules still apply.
+KEEP_FOR = 60.0
 #: Default connect timeout given to libpq (whole seconds; libpq's floor is 2).
 CONNECT_TIMEOUT = 5
 #: Seconds the pool keeps retrying one failed connection before it gives up and
@@ -644,6 +649,11 @@ def _after_fork_in_child() -> None:
     _WATCHDOG.after_fork()
     for shared in list(_ALL_SHARED):
         shared.lock = threading.Lock()
+        # The parent's idle connections are the parent's: dropped here, not
+        # closed (psycopg leaves a connection of another process alone).
+        shared.idle_lock = threading.Lock()
+        shared.idle = []
+        shared.waiting = 0
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -711,6 +721,12 @@ class _Shared:
     migrated: bool = False
     watchdog: _Watchdog = field(default_factory=lambda: _WATCHDOG)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Connections out of the pool between two calls, for the next call of any
+    #: thread (LIFO); each counts against ``pool_size`` as one in use does.
+    idle: list[psycopg.Connection[Any]] = field(default_factory=list)
+    #: Callers of this process waiting for a connection from the pool.
+    waiting: int = 0
+    idle_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         _ALL_SHARED.add(self)
@@ -757,10 +773,58 @@ class _Shared:
             self.watchdog.hold()
             return made
 
+    def take_idle(self, pool: ConnectionPool[Any]) -> psycopg.Connection[Any] | None:
+        """A connection a call left idle, if any; ``None`` registers the caller as waiting.
+
+        A caller that got ``None`` takes a connection from the pool and then
+        calls :meth:`done_waiting`. While any caller waits, connections go back
+        to the pool (which hands them to the waiters), never to the idle list:
+        registering and keeping happen under one lock, so no connection stays
+        idle here while a thread waits in the pool.
+        """
+        while True:
+            with self.idle_lock:
+                if not self.idle or self.pool is not pool:
+                    self.waiting += 1
+                    return None
+                conn = self.idle.pop()
+            if not _closed_by_server(conn):
+                return conn
+            conn.close()  # a restart or a cut while it waited: the pool replaces it
+            pool.putconn(conn)
+
+    def done_waiting(self) -> None:
+        """The caller :meth:`take_idle` registered has its connection (or gave up)."""
+        with self.idle_lock:
+            self.waiting -= 1
+
+    def give_back(self, conn: psycopg.Connection[Any], pool: ConnectionPool[Any]) -> None:
+        """The end of a call: keep ``conn`` for the next one, or return it to its pool.
+
+        Kept only when no caller waits for the pool, it is healthy (no
+        transaction left, not broken), its pool is still this driver's and it
+        has not been out for :data:`KEEP_FOR`; anything else goes back to the
+        pool, which hands it on, checks, resets or replaces it.
+        """
+        if (
+            not conn.broken
+            and conn.pgconn.transaction_status == _IDLE
+            and time.monotonic() < getattr(conn, "_leasekit_keep_until", 0.0)
+        ):
+            with self.idle_lock:
+                if not self.waiting and pool is self.pool:  # not closed meanwhile
+                    self.idle.append(conn)
+                    return
+        pool.putconn(conn)
+
     def close(self) -> None:
         with self.lock:
             pool, self.pool = self.pool, None
+        with self.idle_lock:  # after the pool is unset: no call keeps one from now on
+            idle, self.idle = self.idle, []
         if pool is not None and self.pid == _PROCESS[0]:
+            for conn in idle:
+                pool.putconn(conn)
             pool.close(timeout=1.0)
             self.watchdog.release()
 
@@ -889,12 +953,22 @@ class PostgresqlDriver(Driver):
 
     @contextmanager
     def _connection(self, *, migrate: bool = True) -> Iterator[psycopg.Connection[Any]]:
-        """A pooled connection for one transaction, bounded by core's deadline."""
+        """A pooled connection for one transaction, bounded by core's deadline.
+
+        The one the last call left idle when there is one (see
+        :meth:`_Shared.take_idle`), else one from the pool; at the end it is
+        kept for the next call or given back (:meth:`_Shared.give_back`).
+        """
         timeout = call_timeout(None)
         started = time.monotonic()
         shared = self._shared
         pool = shared.get(timeout)
-        conn = self._take(pool, started + (3600.0 if timeout is None else timeout))
+        conn = shared.take_idle(pool)
+        if conn is None:
+            try:
+                conn = self._take(pool, started + (3600.0 if timeout is None else timeout))
+            finally:
+                shared.done_waiting()
         watched = None
         try:
             left = None if timeout is None else timeout - (time.monotonic() - started)
@@ -919,7 +993,7 @@ class PostgresqlDriver(Driver):
         finally:
             if watched is not None:
                 shared.watchdog.unwatch(watched[0])
-            pool.putconn(conn)
+            shared.give_back(conn, pool)
 
     def _take(self, pool: ConnectionPool[Any], until: float) -> psycopg.Connection[Any]:
         """A live connection from the pool by ``until`` (monotonic).
@@ -932,10 +1006,12 @@ class PostgresqlDriver(Driver):
         for _ in range(self._shared.pool_size + 1):
             conn = pool.getconn(timeout=max(until - time.monotonic(), 0.001))
             if not _closed_by_server(conn):
-                return conn
+                break
             conn.close()
             pool.putconn(conn)
-        conn = pool.getconn(timeout=max(until - time.monotonic(), 0.001))
+        else:
+            conn = pool.getconn(timeout=max(until - time.monotonic(), 0.001))
+        conn._leasekit_keep_until = time.monotonic() + KEEP_FOR  # type: ignore[attr-defined]
         return conn
 
     def _statement_timeout(

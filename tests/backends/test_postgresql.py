@@ -699,6 +699,106 @@ def test_a_forked_child_is_not_stopped_by_a_lock_held_at_the_fork(
         queue.delete()
 
 
+def _requests(queue: Queue) -> int:
+    """How many connections the driver's pool has handed out so far."""
+    pool = queue.driver._shared.pool  # type: ignore[attr-defined]
+    return int(pool.get_stats().get("requests_num", 0))
+
+
+def test_a_call_takes_the_connection_the_last_call_left_idle_not_a_pool_round(
+    queue: Queue,
+) -> None:
+    """A pool round (getconn, putconn) cost more client CPU than a batch's statements (#21)."""
+    queue.send(b"first")  # opens the pool; the connection then waits in the idle list
+    before = _requests(queue)
+    for i in range(20):
+        queue.send(f"m{i}".encode())
+        leases = queue.lease(5, duration=30)
+        queue.complete_many(leases)
+    assert _requests(queue) == before, "a call went to the pool with a connection idle"
+    assert len(queue.driver._shared.idle) == 1  # type: ignore[attr-defined]
+
+
+def test_threads_beyond_the_pool_size_share_its_connections_and_none_starves(
+    postgres_server: LocalPostgres,
+) -> None:
+    """Idle connections serve any thread: more threads than connections all finish."""
+    name = f"idle-{uuid.uuid4().hex[:8]}"
+    with leasekit.open(postgres_server.url(), queue=name, create=True, pool_size=2) as queue:
+        failures: list[BaseException] = []
+        done = [0]
+
+        def work() -> None:
+            try:
+                for i in range(15):
+                    queue.send(f"{i}".encode())
+                    queue.complete_many(queue.lease(2, duration=30))
+                    done[0] += 1
+            except BaseException as exc:  # reported below
+                failures.append(exc)
+
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert not any(thread.is_alive() for thread in threads), "a thread starved"
+        assert failures == []
+        assert done[0] == 8 * 15
+        pool = queue.driver._shared.pool  # type: ignore[attr-defined]
+        assert pool.get_stats()["pool_size"] <= 2, "more connections than pool_size"
+        assert len(queue.driver._shared.idle) <= 2  # type: ignore[attr-defined]
+        queue.delete()
+
+
+def test_closing_closes_the_idle_connections(postgres_server: LocalPostgres) -> None:
+    name = f"idleclose-{uuid.uuid4().hex[:8]}"
+    queue = leasekit.open(postgres_server.url(), queue=name, create=True)
+    queue.send(b"x")
+    idle = list(queue.driver._shared.idle)  # type: ignore[attr-defined]
+    assert len(idle) == 1
+    queue.delete()
+    queue.close()
+    assert all(conn.closed for conn in idle), "an idle connection outlived close()"
+    assert queue.driver._shared.idle == []  # type: ignore[attr-defined]
+
+
+def test_an_idle_connection_the_server_ended_is_replaced_without_an_error(
+    queue: Queue, postgres_server: LocalPostgres
+) -> None:
+    import psycopg
+
+    queue.send(b"before")
+    [idle] = queue.driver._shared.idle  # type: ignore[attr-defined]
+    backend = idle.info.backend_pid
+    with psycopg.connect(postgres_server.url(), autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", [backend])
+        until = time.monotonic() + 10
+        while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [backend]).fetchone():
+            assert time.monotonic() < until, "the server did not end the backend"
+            time.sleep(0.02)  # a poll with a deadline
+    [lease] = queue.lease(1, duration=30)  # no error: a live connection was taken
+    assert lease.message.body == b"before"
+    lease.complete()
+    assert idle.closed, "the dead connection was kept"
+    [now] = queue.driver._shared.idle  # type: ignore[attr-defined]
+    assert now.info.backend_pid != backend
+
+
+def test_a_connection_out_of_the_pool_for_keep_for_goes_back_to_it(
+    queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """So the pool's own rules (its lifetime, shrinking when idle) still apply to it."""
+    queue.send(b"x")
+    queue.driver._shared.idle.clear()  # type: ignore[attr-defined]
+    monkeypatch.setattr(postgresql, "KEEP_FOR", 0.0)
+    before = _requests(queue)
+    for _ in range(3):
+        queue.send(b"y")
+    assert _requests(queue) == before + 3, "a connection out for KEEP_FOR was kept"
+    assert queue.driver._shared.idle == []  # type: ignore[attr-defined]
+
+
 def test_closing_the_last_queue_ends_the_watchdog_thread(postgres_server: LocalPostgres) -> None:
     def watchdogs() -> list[threading.Thread]:
         return [t for t in threading.enumerate() if t.name == "leasekit-postgresql-watchdog"]
