@@ -6,6 +6,8 @@
     .venv/bin/python benchmarks/bench_postgresql.py cost --messages 20000 --batch 100 \\
         --rounds 5 [--old-driver FILE] [--profile] [--statements]
     .venv/bin/python benchmarks/bench_postgresql.py paired --messages 40000 --batch 100 --rounds 3
+    .venv/bin/python benchmarks/bench_postgresql.py interleaved --procs 4 --messages 40000 \\
+        --batch 100 --rounds 9
     .venv/bin/python benchmarks/bench_postgresql.py peers --messages 5000 --rounds 3 \\
         --pgmq-sql pgmq-extension/sql/pgmq.sql
 
@@ -54,6 +56,12 @@ cProfile's top functions (CPU time) for the driver and for leasekit;
 statements typed by hand, the driver alone and leasekit take turns batch by
 batch on one queue, and it prints each side's CPU and wall time per message
 around its receive and its settle (see :func:`paired`).
+
+``interleaved`` is ``throughput`` with less noise: every one of P processes
+takes a batch of the raw loop, of leasekit and of leasekit's statements by hand
+in turn (see :func:`interleaved`), so the server always has P clients and the
+machine's drift falls on all sides alike; it reports each side's wall time per
+message and the ratios.
 
 ``peers`` is the job shape of a task queue: enqueue N (each in its bulk form),
 then consume N with a no-op handler in one process, each the way its users
@@ -1021,6 +1029,119 @@ def paired(pg: LocalPostgres, messages: int, batch: int, rounds: int) -> None:
     queue.close()
 
 
+#: The sides of ``interleaved``, in the order each process takes its turns.
+INTERLEAVED = ("raw", "leasekit", "sql")
+
+
+def _interleaved_worker(url: str, name: str, batch: int, go: Any, out: Any) -> None:
+    """One process of ``interleaved``: a batch of each side in turn, until one runs short.
+
+    Puts ``{side: [wall seconds, messages, cpu seconds]}``: the wall time of
+    each side's receive and settle, and this thread's CPU in them.
+    """
+    receive, delete = _leasekit_statements(batch)
+    conn = psycopg.connect(url, autocommit=True)
+    conn.execute("SELECT 1").fetchone()
+    queue = leasekit.open(url, queue=name, pool_size=2)
+    queue.stats()  # connect before the clock starts
+    sql_queue = f"{name}_sql"
+
+    def raw() -> int:
+        rows = conn.execute(RAW_RECEIVE, [batch], prepare=True).fetchall()
+        if rows:
+            ids, tokens = [r[0] for r in rows], [r[4] for r in rows]
+            deleted = conn.execute(RAW_DELETE, [ids, tokens], prepare=True).fetchall()
+            assert len(deleted) == len(rows), "a fenced delete missed"
+        return len(rows)
+
+    def lk() -> int:
+        leases = queue.lease(batch, duration=30)
+        if leases:
+            assert not any(queue.complete_many(leases)), "a complete failed"
+        return len(leases)
+
+    def sql() -> int:
+        rows = _sql_receive(conn, receive, sql_queue, batch)
+        if rows:
+            _sql_delete(conn, delete, sql_queue, rows)
+        return len(rows)
+
+    sides = {"raw": raw, "leasekit": lk, "sql": sql}
+    acc = {side: [0.0, 0, 0.0] for side in INTERLEAVED}
+    go.wait()
+    short = False
+    while not short:
+        for side in INTERLEAVED:
+            c0, w0 = time.thread_time(), time.perf_counter()
+            got = sides[side]()
+            w1, c1 = time.perf_counter(), time.thread_time()
+            short = short or got < batch  # a side near its end: stop counting all
+            a = acc[side]
+            a[0] += w1 - w0
+            a[1] += got
+            a[2] += c1 - c0
+    out.put(acc)
+    queue.close()
+    conn.close()
+
+
+def interleaved(pg: LocalPostgres, messages: int, batch: int, rounds: int, procs: int) -> None:
+    """Each of ``procs`` processes takes a batch of each side in turn: raw, leasekit, sql.
+
+    ``throughput`` runs the sides one after another, so whatever else the
+    machine does in a round falls on one side only (single rounds there spread
+    0.6-1.6). Here every process alternates the raw loop, leasekit (``lease``
+    then ``complete_many``) and leasekit's statements by hand (``sql``), batch
+    by batch, on three tables filled alike: the server sees ``procs`` clients
+    at all times and the machine's drift falls on the three sides alike. A
+    side's wall time per message is its receive and settle summed over the
+    processes; leasekit / raw is the raw loop's time per message over
+    leasekit's (its throughput ratio). Counting stops at the first short batch.
+    """
+    url = pg.url()
+    ctx = mp.get_context("spawn")
+    ratios: dict[str, list[float]] = {"leasekit": [], "sql": []}
+    print(f"interleaved: {procs} processes, batch {batch}, {messages} messages a side a round")
+    for r in range(rounds):
+        name = f"il_{uuid.uuid4().hex[:8]}"
+        _fill(pg, "raw", name, messages)
+        _fill(pg, "leasekit", name, messages)
+        _fill(pg, "leasekit", f"{name}_sql", messages)
+        go, out = ctx.Event(), ctx.Queue()
+        workers = [
+            ctx.Process(target=_interleaved_worker, args=(url, name, batch, go, out))
+            for _ in range(procs)
+        ]
+        for w in workers:
+            w.start()
+        time.sleep(2.0)  # let the workers import and connect
+        go.set()
+        accs = [out.get(timeout=600) for _ in workers]
+        for w in workers:
+            w.join()
+        wall = {
+            s: sum(a[s][0] for a in accs) / max(1, sum(a[s][1] for a in accs)) for s in INTERLEAVED
+        }
+        cpu_ = {
+            s: sum(a[s][2] for a in accs) / max(1, sum(a[s][1] for a in accs)) for s in INTERLEAVED
+        }
+        for side in ratios:
+            ratios[side].append(wall["raw"] / wall[side])
+        print(
+            f"  round {r + 1}: us a message, wall (client cpu): "
+            + ", ".join(f"{s} {wall[s] * 1e6:.1f} ({cpu_[s] * 1e6:.1f})" for s in INTERLEAVED)
+            + f"; leasekit/raw {ratios['leasekit'][-1]:.3f}, sql/raw {ratios['sql'][-1]:.3f}"
+        )
+        for queue_name in (name, f"{name}_sql"):
+            with leasekit.open(url, queue=queue_name) as queue:
+                queue.delete_queue()
+    for side, values in ratios.items():
+        print(
+            f"  {side}/raw: median {statistics.median(values):.3f} "
+            f"(min {min(values):.3f}, max {max(values):.3f}, {len(values)} rounds)"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
@@ -1064,6 +1185,13 @@ def main() -> None:
     pa.add_argument("--messages", type=int, default=40_000)
     pa.add_argument("--batch", type=int, default=100)
     pa.add_argument("--rounds", type=int, default=3)
+    il = sub.add_parser(
+        "interleaved", help="raw, leasekit, its SQL by hand: batch by batch in every process"
+    )
+    il.add_argument("--messages", type=int, default=40_000)
+    il.add_argument("--batch", type=int, default=100)
+    il.add_argument("--rounds", type=int, default=5)
+    il.add_argument("--procs", type=int, default=4)
     pe = sub.add_parser("peers", help="enqueue N, consume N (no-op): leasekit, pgmq, procrastinate")
     pe.add_argument("--messages", type=int, default=5_000)
     pe.add_argument("--batch", type=int, default=100)
@@ -1094,6 +1222,8 @@ def main() -> None:
             peers(pg, args.messages, args.batch, args.concurrency, args.rounds, args.pgmq_sql)
         elif args.command == "paired":
             paired(pg, args.messages, args.batch, args.rounds)
+        elif args.command == "interleaved":
+            interleaved(pg, args.messages, args.batch, args.rounds, args.procs)
         elif args.command == "cost":
             cost(
                 pg,
