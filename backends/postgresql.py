@@ -804,17 +804,24 @@ class _Shared:
         Kept only when no caller waits for the pool, it is healthy (no
         transaction left, not broken), its pool is still this driver's and it
         has not been out for :data:`KEEP_FOR`; anything else goes back to the
-        pool, which hands it on, checks, resets or replaces it.
+        pool, which hands it on, checks, resets or replaces it. The list is
+        LIFO, so after a burst its oldest connections may go unused: one out
+        for ``KEEP_FOR`` is given back here too, and the pool shrinks as it
+        would have (its ``max_idle``).
         """
+        now = time.monotonic()
         if (
             not conn.broken
             and conn.pgconn.transaction_status == _IDLE
-            and time.monotonic() < getattr(conn, "_leasekit_keep_until", 0.0)
+            and now < getattr(conn, "_leasekit_keep_until", 0.0)
         ):
             with self.idle_lock:
                 if not self.waiting and pool is self.pool:  # not closed meanwhile
-                    self.idle.append(conn)
-                    return
+                    idle = self.idle
+                    idle.append(conn)
+                    if getattr(idle[0], "_leasekit_keep_until", 0.0) > now:
+                        return
+                    conn = idle.pop(0)  # the oldest, unused since KEEP_FOR at least
         pool.putconn(conn)
 
     def close(self) -> None:

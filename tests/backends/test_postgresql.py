@@ -799,6 +799,32 @@ def test_a_connection_out_of_the_pool_for_keep_for_goes_back_to_it(
     assert queue.driver._shared.idle == []  # type: ignore[attr-defined]
 
 
+def test_a_connection_a_burst_left_idle_goes_back_to_the_pool_after_keep_for(
+    postgres_server: LocalPostgres, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The idle list is LIFO: its oldest connection is given back, not kept for ever."""
+    name = f"burst-{uuid.uuid4().hex[:8]}"
+    with leasekit.open(postgres_server.url(), queue=name, create=True, pool_size=3) as queue:
+        shared = queue.driver._shared  # type: ignore[attr-defined]
+        queue.send(b"x")
+        pool = shared.pool
+        burst = [shared.take_idle(pool)]
+        for _ in range(2):
+            assert shared.take_idle(pool) is None
+            burst.append(pool.getconn())
+            shared.done_waiting()
+            burst[-1]._leasekit_keep_until = time.monotonic() + 60
+        for conn in burst:
+            shared.give_back(conn, pool)
+        assert len(shared.idle) == 3
+        oldest = shared.idle[0]
+        oldest._leasekit_keep_until = 0.0  # as if out of the pool for KEEP_FOR
+        queue.send(b"y")  # a call on the newest; its end gives the oldest back
+        assert oldest not in shared.idle
+        assert len(shared.idle) == 2
+        queue.delete()
+
+
 def test_closing_the_last_queue_ends_the_watchdog_thread(postgres_server: LocalPostgres) -> None:
     def watchdogs() -> list[threading.Thread]:
         return [t for t in threading.enumerate() if t.name == "leasekit-postgresql-watchdog"]
