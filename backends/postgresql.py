@@ -773,30 +773,41 @@ class _Shared:
             self.watchdog.hold()
             return made
 
-    def take_idle(self, pool: ConnectionPool[Any]) -> psycopg.Connection[Any] | None:
-        """A connection a call left idle, if any; ``None`` registers the caller as waiting.
+    def take(self, pool: ConnectionPool[Any], until: float) -> psycopg.Connection[Any]:
+        """A live connection for one call: the one a call left idle, else the pool's by ``until``.
 
-        A caller that got ``None`` takes a connection from the pool and then
-        calls :meth:`done_waiting`. While any caller waits, connections go back
-        to the pool (which hands them to the waiters), never to the idle list:
-        registering and keeping happen under one lock, so no connection stays
-        idle here while a thread waits in the pool.
+        A caller that finds none idle is counted as waiting while it asks the
+        pool; meanwhile finished calls give their connections to the pool (which
+        hands them to the waiters), never to the idle list. Counting and keeping
+        happen under one lock, so no connection stays idle while a thread waits.
+        Connections the server closed while idle (a restart, a cut) are closed
+        and handed back, so the pool replaces them, and the next one is taken.
         """
+        conn: psycopg.Connection[Any]
         while True:
             with self.idle_lock:
                 if not self.idle or self.pool is not pool:
                     self.waiting += 1
-                    return None
+                    break
                 conn = self.idle.pop()
             if not _closed_by_server(conn):
                 return conn
-            conn.close()  # a restart or a cut while it waited: the pool replaces it
+            conn.close()
             pool.putconn(conn)
-
-    def done_waiting(self) -> None:
-        """The caller :meth:`take_idle` registered has its connection (or gave up)."""
-        with self.idle_lock:
-            self.waiting -= 1
+        try:
+            for _ in range(self.pool_size + 1):
+                conn = pool.getconn(timeout=max(until - time.monotonic(), 0.001))
+                if not _closed_by_server(conn):
+                    break
+                conn.close()
+                pool.putconn(conn)
+            else:
+                conn = pool.getconn(timeout=max(until - time.monotonic(), 0.001))
+        finally:
+            with self.idle_lock:
+                self.waiting -= 1
+        conn._leasekit_keep_until = time.monotonic() + KEEP_FOR  # type: ignore[attr-defined]
+        return conn
 
     def give_back(self, conn: psycopg.Connection[Any], pool: ConnectionPool[Any]) -> None:
         """The end of a call: keep ``conn`` for the next one, or return it to its pool.
@@ -962,20 +973,15 @@ class PostgresqlDriver(Driver):
     def _connection(self, *, migrate: bool = True) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection for one transaction, bounded by core's deadline.
 
-        The one the last call left idle when there is one (see
-        :meth:`_Shared.take_idle`), else one from the pool; at the end it is
-        kept for the next call or given back (:meth:`_Shared.give_back`).
+        The one the last call left idle when there is one, else one from the
+        pool (:meth:`_Shared.take`); at the end it is kept for the next call or
+        given back (:meth:`_Shared.give_back`).
         """
         timeout = call_timeout(None)
         started = time.monotonic()
         shared = self._shared
         pool = shared.get(timeout)
-        conn = shared.take_idle(pool)
-        if conn is None:
-            try:
-                conn = self._take(pool, started + (3600.0 if timeout is None else timeout))
-            finally:
-                shared.done_waiting()
+        conn = shared.take(pool, started + (3600.0 if timeout is None else timeout))
         watched = None
         try:
             left = None if timeout is None else timeout - (time.monotonic() - started)
@@ -1001,25 +1007,6 @@ class PostgresqlDriver(Driver):
             if watched is not None:
                 shared.watchdog.unwatch(watched[0])
             shared.give_back(conn, pool)
-
-    def _take(self, pool: ConnectionPool[Any], until: float) -> psycopg.Connection[Any]:
-        """A live connection from the pool by ``until`` (monotonic).
-
-        Connections the server closed while they were idle (after a restart or a
-        cut) are closed here and handed back, so the pool replaces them, and the
-        next one is taken at once.
-        """
-        conn: psycopg.Connection[Any]
-        for _ in range(self._shared.pool_size + 1):
-            conn = pool.getconn(timeout=max(until - time.monotonic(), 0.001))
-            if not _closed_by_server(conn):
-                break
-            conn.close()
-            pool.putconn(conn)
-        else:
-            conn = pool.getconn(timeout=max(until - time.monotonic(), 0.001))
-        conn._leasekit_keep_until = time.monotonic() + KEEP_FOR  # type: ignore[attr-defined]
-        return conn
 
     def _statement_timeout(
         self, conn: psycopg.Connection[Any], left: float | None, fd: int

@@ -82,6 +82,7 @@ import threading
 import time
 import uuid
 import warnings
+from functools import partial
 from typing import Any
 
 import psutil
@@ -376,13 +377,8 @@ def _leasekit_worker(url: str, name: str, batch: int, go: Any, out: Any) -> None
     queue = leasekit.open(url, queue=name, pool_size=2)
     queue.stats()  # connect before the clock starts
     go.wait()
-    c0, done = cpu(), 0
-    while True:
-        leases = queue.lease(batch, duration=30)
-        if not leases:
-            break
-        queue.complete_many(leases)
-        done += len(leases)
+    c0 = cpu()
+    done = _leasekit_drain(queue, batch)
     out.put((done, cpu() - c0))
     queue.close()
 
@@ -403,17 +399,22 @@ RAW_DELETE = (
 )
 
 
+def raw_batch(conn: psycopg.Connection[Any], batch: int) -> int:
+    """Lease up to ``batch`` and complete them; how many (one turn of the raw loop)."""
+    rows = conn.execute(RAW_RECEIVE, [batch], prepare=True).fetchall()
+    if rows:
+        ids, tokens = [r[0] for r in rows], [r[4] for r in rows]
+        deleted = conn.execute(RAW_DELETE, [ids, tokens], prepare=True).fetchall()
+        assert len(deleted) == len(rows), "a fenced delete missed"
+    return len(rows)
+
+
 def raw_drain(conn: psycopg.Connection[Any], batch: int) -> int:
     """Lease and complete batches until none is left; how many (the raw loop)."""
     done = 0
-    while True:
-        rows = conn.execute(RAW_RECEIVE, [batch], prepare=True).fetchall()
-        if not rows:
-            return done
-        ids = [r[0] for r in rows]
-        deleted = conn.execute(RAW_DELETE, [ids, [r[4] for r in rows]], prepare=True).fetchall()
-        assert len(deleted) == len(rows), "a fenced delete missed"
-        done += len(rows)
+    while got := raw_batch(conn, batch):
+        done += got
+    return done
 
 
 def _raw_worker(url: str, name: str, batch: int, go: Any, out: Any) -> None:
@@ -451,20 +452,30 @@ def _sql_delete(conn: psycopg.Connection[Any], statement: str, name: str, rows: 
     assert settled is not None and settled[0] == len(rows), "a fenced delete missed"
 
 
+def _sql_batch(
+    conn: psycopg.Connection[Any], statements: tuple[str, str], name: str, batch: int
+) -> int:
+    """Lease up to ``batch`` and complete them with leasekit's statements by hand; how many."""
+    receive, delete = statements
+    rows = _sql_receive(conn, receive, name, batch)
+    if rows:
+        _sql_delete(conn, delete, name, rows)
+    return len(rows)
+
+
 def _sql_worker(url: str, name: str, batch: int, go: Any, out: Any) -> None:
     """leasekit's own two statements, by hand on one psycopg connection: no driver, no core.
 
     The server's share of the gap to the raw loop (the lease-batch schema and
     what each statement does) apart from the client's (the driver and core).
     """
-    receive, delete = _leasekit_statements(batch)
+    statements = _leasekit_statements(batch)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SELECT 1").fetchone()
         go.wait()
         c0, done = cpu(), 0
-        while rows := _sql_receive(conn, receive, name, batch):
-            _sql_delete(conn, delete, name, rows)
-            done += len(rows)
+        while got := _sql_batch(conn, statements, name, batch):
+            done += got
     out.put((done, cpu() - c0))
 
 
@@ -824,14 +835,19 @@ def _driver_drain(driver: Any, timeout: float, batch: int) -> int:
         done += len(rows)
 
 
+def _leasekit_batch(queue: leasekit.Queue, batch: int) -> int:
+    """Lease up to ``batch`` and complete them (``complete_many``); how many."""
+    leases = queue.lease(batch, duration=30)
+    if leases:
+        assert not any(queue.complete_many(leases)), "a complete failed"
+    return len(leases)
+
+
 def _leasekit_drain(queue: leasekit.Queue, batch: int) -> int:
     done = 0
-    while True:
-        leases = queue.lease(batch, duration=30)
-        if not leases:
-            return done
-        queue.complete_many(leases)
-        done += len(leases)
+    while got := _leasekit_batch(queue, batch):
+        done += got
+    return done
 
 
 def _old_driver(path: str, url: str, name: str) -> Any:
@@ -1039,34 +1055,16 @@ def _interleaved_worker(url: str, name: str, batch: int, go: Any, out: Any) -> N
     Puts ``{side: [wall seconds, messages, cpu seconds]}``: the wall time of
     each side's receive and settle, and this thread's CPU in them.
     """
-    receive, delete = _leasekit_statements(batch)
+    statements = _leasekit_statements(batch)
     conn = psycopg.connect(url, autocommit=True)
     conn.execute("SELECT 1").fetchone()
     queue = leasekit.open(url, queue=name, pool_size=2)
     queue.stats()  # connect before the clock starts
-    sql_queue = f"{name}_sql"
-
-    def raw() -> int:
-        rows = conn.execute(RAW_RECEIVE, [batch], prepare=True).fetchall()
-        if rows:
-            ids, tokens = [r[0] for r in rows], [r[4] for r in rows]
-            deleted = conn.execute(RAW_DELETE, [ids, tokens], prepare=True).fetchall()
-            assert len(deleted) == len(rows), "a fenced delete missed"
-        return len(rows)
-
-    def lk() -> int:
-        leases = queue.lease(batch, duration=30)
-        if leases:
-            assert not any(queue.complete_many(leases)), "a complete failed"
-        return len(leases)
-
-    def sql() -> int:
-        rows = _sql_receive(conn, receive, sql_queue, batch)
-        if rows:
-            _sql_delete(conn, delete, sql_queue, rows)
-        return len(rows)
-
-    sides = {"raw": raw, "leasekit": lk, "sql": sql}
+    sides = {
+        "raw": partial(raw_batch, conn, batch),
+        "leasekit": partial(_leasekit_batch, queue, batch),
+        "sql": partial(_sql_batch, conn, statements, f"{name}_sql", batch),
+    }
     acc = {side: [0.0, 0, 0.0] for side in INTERLEAVED}
     go.wait()
     short = False

@@ -808,12 +808,9 @@ def test_a_connection_a_burst_left_idle_goes_back_to_the_pool_after_keep_for(
         shared = queue.driver._shared  # type: ignore[attr-defined]
         queue.send(b"x")
         pool = shared.pool
-        burst = [shared.take_idle(pool)]
-        for _ in range(2):
-            assert shared.take_idle(pool) is None
-            burst.append(pool.getconn())
-            shared.done_waiting()
-            burst[-1]._leasekit_keep_until = time.monotonic() + 60
+        until = time.monotonic() + 10
+        burst = [shared.take(pool, until) for _ in range(3)]  # the idle one, two from the pool
+        assert shared.idle == [] and shared.waiting == 0
         for conn in burst:
             shared.give_back(conn, pool)
         assert len(shared.idle) == 3
