@@ -24,6 +24,11 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[$(TEST_EXTRAS)]'
 	touch $@ $(VENV)/.installed-base
 
+# Debian packages (redis-server, chromium): tools/install-system-packages.sh says which.
+.system-packages: tools/install-system-packages.sh
+	bash tools/install-system-packages.sh
+	touch $@
+
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
@@ -38,13 +43,13 @@ lint: $(VENV)/.installed-test
 typecheck: $(VENV)/.installed-test
 	PYTHON=$(BIN)/python tools/typecheck.sh
 
-pytest: $(VENV)/.installed-test node_modules/.installed
+pytest: $(VENV)/.installed-test node_modules/.installed .system-packages
 	$(BIN)/python -m pytest -n 4 --durations=15
 
 test: lint typecheck pytest
 
 # Regenerate docs/compatibility.md: every backend's conformance class, one matrix.
-compatibility: $(VENV)/.installed-test node_modules/.installed
+compatibility: $(VENV)/.installed-test node_modules/.installed .system-packages
 	$(BIN)/python -m pytest -q -k Conformance tests/test_builtin_conformance.py tests/backends \
 		--leasekit-report-md docs/compatibility.body.md
 	{ echo "# Compatibility matrix"; echo; \
@@ -54,4 +59,4 @@ compatibility: $(VENV)/.installed-test node_modules/.installed
 	rm -f docs/compatibility.body.md
 
 clean:
-	rm -rf $(VENV) node_modules .typecheck .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) node_modules .system-packages .typecheck .mypy_cache .ruff_cache .pytest_cache
