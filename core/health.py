@@ -281,7 +281,9 @@ class HealthServer:
     serves on a daemon thread until :meth:`stop`. At most ``MAX_CONNECTIONS``
     (32) connections are served at once, and a client that does not finish
     its request within ``REQUEST_TIMEOUT`` (5 s) is dropped
-    (:mod:`leasekit.serving`), so stalled clients cannot pile up threads.
+    (:mod:`leasekit.serving`), so stalled clients cannot pile up threads; when
+    all 32 are taken, a new connection evicts the oldest one still sending its
+    request, so a flood of slow clients cannot keep a probe from its answer.
     """
 
     def __init__(
@@ -383,9 +385,9 @@ def _make_server(address: tuple[str, int], check: Callable[[], Health]) -> HTTPS
     """
     from http.server import BaseHTTPRequestHandler, HTTPServer
 
-    from .serving import REQUEST_TIMEOUT, BoundedThreadingMixIn
+    from .serving import REQUEST_TIMEOUT, BoundedThreadingMixIn, RequestHeadMixIn
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(RequestHeadMixIn, BaseHTTPRequestHandler):
         server_version = "leasekit-health"
         # A client that stalls mid-request is dropped, not waited for.
         timeout = REQUEST_TIMEOUT

@@ -83,3 +83,59 @@ def test_half_sent_requests_do_not_pin_server_threads(
         finally:
             for client in stalled:
                 client.close()
+
+
+#: Slow clients in the flood: twice the cap, so every slot is taken and more wait.
+FLOOD = 2 * MAX_CONNECTIONS
+
+
+@pytest.mark.parametrize("serve", [_health_server, _prometheus_server], ids=["health", "metrics"])
+def test_probes_are_answered_while_slow_clients_hold_every_connection(
+    serve: Callable[[], contextlib.AbstractContextManager[str]],
+    record_property: Callable[[str, object], None],
+) -> None:
+    """A flood of clients that never finish their request cannot keep a probe unanswered.
+
+    Before the eviction rule, the 33rd connection was closed unanswered: a local
+    client holding 32 slow connections failed every liveness probe.
+    """
+    with serve() as url:
+        host, port = url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+        paths = ["/livez", "/readyz"] if "livez" in url else [""]
+        base = url.rsplit("/", 1)[0] if "livez" in url else url
+        stalled: list[socket.socket] = []
+        stop = threading.Event()
+
+        def flood() -> None:
+            # Keep opening stalled connections for the whole test (bounded in count).
+            for _ in range(FLOOD * 4):
+                if stop.is_set():
+                    return
+                try:
+                    client = socket.create_connection((host, int(port)), timeout=5)
+                    client.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")  # never finished
+                except OSError:
+                    continue
+                stalled.append(client)
+                time.sleep(0.01)
+
+        try:
+            for _ in range(FLOOD):
+                client = socket.create_connection((host, int(port)), timeout=5)
+                client.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
+                stalled.append(client)
+            flooder = threading.Thread(target=flood, daemon=True)
+            flooder.start()
+            slowest = 0.0
+            for _ in range(10):
+                for path in paths:
+                    began = time.monotonic()
+                    with urllib.request.urlopen(base + path, timeout=5) as response:
+                        assert response.status == 200
+                    slowest = max(slowest, time.monotonic() - began)
+            record_property("slowest_probe_s", round(slowest, 3))
+            assert slowest < 2.0, f"a probe took {slowest:.2f} s under the flood"
+        finally:
+            stop.set()
+            for client in stalled:
+                client.close()

@@ -121,7 +121,7 @@ def _serve(port: int, host: str) -> tuple[Any, threading.Thread]:
 
     from prometheus_client import REGISTRY, make_wsgi_app
 
-    from leasekit.serving import REQUEST_TIMEOUT, BoundedThreadingMixIn
+    from leasekit.serving import REQUEST_TIMEOUT, BoundedThreadingMixIn, RequestHeadMixIn
 
     family, _, _, _, sockaddr = socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -130,7 +130,7 @@ def _serve(port: int, host: str) -> tuple[Any, threading.Thread]:
     class Server(BoundedThreadingMixIn, WSGIServer):
         address_family = family
 
-    class Handler(WSGIRequestHandler):
+    class Handler(RequestHeadMixIn, WSGIRequestHandler):
         timeout = REQUEST_TIMEOUT
 
         def log_message(self, format: str, *args: Any) -> None:
