@@ -456,6 +456,18 @@ class ConformanceSuite(CheckpointSuite, OrderedSuite):
         assert dict(lease.message.properties) == properties
         lease.complete()
 
+    @conformance_property("bad input refused before any call")
+    def test_a_nul_character_in_a_property_is_refused_before_any_call(self, queue: Queue) -> None:
+        if not queue.capabilities.supports_properties:
+            pytest.skip("the backend carries no properties (capabilities.supports_properties)")
+        counting = self._count_calls(queue)
+        for properties in ({"kind": "a\x00b"}, {"k\x00": "v"}):
+            with pytest.raises(InvalidArgument, match="NUL"):
+                queue.send(b"p", properties=properties)
+            with pytest.raises(InvalidArgument, match="NUL"):
+                queue.send_many([b"p"], properties=properties)
+        assert counting.calls == []
+
     # ------------------------------------------------------------- durations
 
     @conformance_property("bad input refused before any call")
