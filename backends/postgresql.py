@@ -126,6 +126,18 @@ CONNECT_TIMEOUT = 5
 #: Seconds the pool keeps retrying one failed connection before it gives up and
 #: lets the next call that needs one start afresh (see ``_Shared.get``).
 RECONNECT_TIMEOUT = 3.0
+#: After a connection was found cut, a call waiting for one does not wait for the
+#: pool's reconnect schedule (1 s, then 2 s...: a short cut's end would be noticed
+#: up to 2 s late): it has a connection made for it at once, and again this many
+#: seconds after each failed attempt, until its deadline. Shorter notices a cut's
+#: end sooner; each attempt in a refusing network is one failed connect.
+REDIAL_EVERY = 0.1
+#: How often (seconds) a call waiting for such a connection also asks the pool
+#: (which may have reconnected first).
+DIAL_POLL = 0.02
+#: A call waiting for the pool (all its connections in use) looks this often
+#: (seconds) whether a cut was found meanwhile, to stop waiting on the pool's schedule.
+WAIT_SLICE = 0.5
 #: Loggers of the SDK whose records are redacted.
 SDK_LOGGERS = ("psycopg", "psycopg.pool")
 #: Server-side statement timeouts are set in these steps (ms) rather than to
@@ -654,6 +666,8 @@ def _after_fork_in_child() -> None:
         shared.idle_lock = threading.Lock()
         shared.idle = []
         shared.waiting = 0
+        shared.own = 0
+        shared.dialing = False
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -727,6 +741,17 @@ class _Shared:
     #: Callers of this process waiting for a connection from the pool.
     waiting: int = 0
     idle_lock: threading.Lock = field(default_factory=threading.Lock)
+    #: A connection was found cut (closed by the server, broken in a call) and the
+    #: pool has not lent a live one since: waiting callers have connections made
+    #: for them (:meth:`_dial`) rather than wait for the pool's reconnect schedule.
+    cut: bool = False
+    #: Connections made that way (not the pool's: closed, never given to it); at
+    #: most ``pool_size`` at once.
+    own: int = 0
+    #: A connection is being made for waiting callers (one at a time), and when
+    #: (monotonic) the last attempt failed.
+    dialing: bool = False
+    dial_failed_at: float = -math.inf
 
     def __post_init__(self) -> None:
         _ALL_SHARED.add(self)
@@ -782,6 +807,8 @@ class _Shared:
         happen under one lock, so no connection stays idle while a thread waits.
         Connections the server closed while idle (a restart, a cut) are closed
         and handed back, so the pool replaces them, and the next one is taken.
+        After such a cut the caller does not wait for the pool's reconnect
+        schedule: see :meth:`_wait_for_one`.
         """
         conn: psycopg.Connection[Any]
         while True:
@@ -792,22 +819,108 @@ class _Shared:
                 conn = self.idle.pop()
             if not _closed_by_server(conn):
                 return conn
-            conn.close()
-            pool.putconn(conn)
+            self.discard(conn, pool)
         try:
-            for _ in range(self.pool_size + 1):
-                conn = pool.getconn(timeout=max(until - time.monotonic(), 0.001))
-                if not _closed_by_server(conn):
-                    break
-                conn.close()
-                pool.putconn(conn)
-            else:
-                conn = pool.getconn(timeout=max(until - time.monotonic(), 0.001))
+            conn = self._wait_for_one(pool, until)
         finally:
             with self.idle_lock:
                 self.waiting -= 1
-        conn._leasekit_keep_until = time.monotonic() + KEEP_FOR  # type: ignore[attr-defined]
+        if not hasattr(conn, "_leasekit_own"):
+            conn._leasekit_keep_until = time.monotonic() + KEEP_FOR  # type: ignore[attr-defined]
         return conn
+
+    def _wait_for_one(self, pool: ConnectionPool[Any], until: float) -> psycopg.Connection[Any]:
+        """A live connection from the pool by ``until``; after a cut, one made at once.
+
+        The pool replaces a cut connection on its own schedule (at once, then
+        after 1 s, then 2 s): a cut that ends just after an attempt is noticed
+        up to 2 s late, and a renewal waiting for it loses its leases. So while
+        :attr:`cut` is set the caller asks the pool only briefly at a time, and
+        between asks a connection is made for it (:meth:`_dial`, in a thread of
+        its own, so the call keeps its deadline however long a connect hangs),
+        again :data:`REDIAL_EVERY` after each failure: the server is reached as
+        soon as it can be. The first live connection the pool lends ends the cut.
+        """
+        from psycopg_pool import PoolTimeout
+
+        while True:
+            if self.cut:
+                with self.idle_lock:
+                    made = self.idle.pop() if self.idle and self.pool is pool else None
+                if made is not None:
+                    if not _closed_by_server(made):
+                        return made
+                    self.discard(made, pool)
+                    continue
+            left = until - time.monotonic()
+            if left <= 0:
+                raise PoolTimeout("no connection in time (the server cannot be reached)")
+            try:
+                conn: psycopg.Connection[Any] = pool.getconn(
+                    timeout=min(left, DIAL_POLL if self.cut else WAIT_SLICE)
+                )
+            except PoolTimeout:
+                if until - time.monotonic() <= 0:
+                    raise
+                if self.cut:
+                    self._start_dial(pool)
+                continue
+            if not _closed_by_server(conn):
+                self.cut = False
+                return conn
+            self.discard(conn, pool)
+
+    def _start_dial(self, pool: ConnectionPool[Any]) -> None:
+        """Start making a connection for the waiting callers, unless one is under way."""
+        now = time.monotonic()
+        with self.idle_lock:
+            if (
+                self.dialing
+                or self.own >= self.pool_size
+                or now - self.dial_failed_at < REDIAL_EVERY
+                or self.pool is not pool
+            ):
+                return
+            self.dialing = True
+            self.own += 1
+        threading.Thread(
+            target=self._dial, args=(pool,), name="leasekit-postgresql-connect", daemon=True
+        ).start()
+
+    def _dial(self, pool: ConnectionPool[Any]) -> None:
+        """Connect (libpq's ``connect_timeout``) and leave the connection idle for the next call."""
+        import psycopg
+
+        try:
+            conn = psycopg.connect(self.conninfo, **self.kwargs)
+        except Exception:
+            with self.idle_lock:
+                self.dialing = False
+                self.own -= 1
+                self.dial_failed_at = time.monotonic()
+            return
+        conn._leasekit_own = True  # type: ignore[attr-defined]
+        conn._leasekit_keep_until = time.monotonic() + KEEP_FOR  # type: ignore[attr-defined]
+        with self.idle_lock:
+            self.dialing = False
+            if self.pool is pool:
+                self.idle.append(conn)
+                return
+        self._close_own(conn)  # the pool was closed meanwhile
+
+    def _close_own(self, conn: psycopg.Connection[Any]) -> None:
+        conn.close()
+        with self.idle_lock:
+            self.own -= 1
+
+    def discard(self, conn: psycopg.Connection[Any], pool: ConnectionPool[Any]) -> None:
+        """A connection found cut: close it (the pool replaces its own) and mark the cut."""
+        self.cut = True
+        if hasattr(conn, "_leasekit_own"):
+            self._close_own(conn)
+            return
+        conn.close()
+        pool.putconn(conn)
 
     def give_back(self, conn: psycopg.Connection[Any], pool: ConnectionPool[Any]) -> None:
         """The end of a call: keep ``conn`` for the next one, or return it to its pool.
@@ -818,22 +931,31 @@ class _Shared:
         pool, which hands it on, checks, resets or replaces it. The list is
         LIFO, so after a burst its oldest connections may go unused: one out
         for ``KEEP_FOR`` is given back here too, and the pool shrinks as it
-        would have (its ``max_idle``).
+        would have (its ``max_idle``). A connection made for a caller after a
+        cut (not the pool's) is kept the same way, or else closed. A broken
+        connection marks a cut (see :meth:`_wait_for_one`).
         """
         now = time.monotonic()
-        if (
-            not conn.broken
-            and conn.pgconn.transaction_status == _IDLE
-            and now < getattr(conn, "_leasekit_keep_until", 0.0)
+        if conn.broken:
+            self.cut = True
+        elif conn.pgconn.transaction_status == _IDLE and now < getattr(
+            conn, "_leasekit_keep_until", 0.0
         ):
             with self.idle_lock:
-                if not self.waiting and pool is self.pool:  # not closed meanwhile
+                # Not closed meanwhile; a connection of our own also while callers
+                # wait after a cut (they take from this list, not the pool).
+                if pool is self.pool and (
+                    not self.waiting or (self.cut and hasattr(conn, "_leasekit_own"))
+                ):
                     idle = self.idle
                     idle.append(conn)
                     if getattr(idle[0], "_leasekit_keep_until", 0.0) > now:
                         return
                     conn = idle.pop(0)  # the oldest, unused since KEEP_FOR at least
-        pool.putconn(conn)
+        if hasattr(conn, "_leasekit_own"):
+            self._close_own(conn)
+        else:
+            pool.putconn(conn)
 
     def close(self) -> None:
         with self.lock:
@@ -842,7 +964,10 @@ class _Shared:
             idle, self.idle = self.idle, []
         if pool is not None and self.pid == _PROCESS[0]:
             for conn in idle:
-                pool.putconn(conn)
+                if hasattr(conn, "_leasekit_own"):
+                    self._close_own(conn)
+                else:
+                    pool.putconn(conn)
             pool.close(timeout=1.0)
             self.watchdog.release()
 
