@@ -260,13 +260,23 @@ class LeaseOperations:
                 )
                 if not any(outcome):  # all settled: record them in one go
                     settled = [lease for _, lease, _ in chunk]
-                    settled_together([lease._record for lease in settled], spec.state)
-                    done.extend(settled)
+                    lost = settled_together([lease._record for lease in settled], spec.state)
+                    if not lost:
+                        done.extend(settled)
+                        continue
+                    for position_in_chunk, (i, lease, _) in enumerate(chunk):
+                        if position_in_chunk in lost:
+                            results[i] = lease._record.lost_error
+                        else:
+                            done.append(lease)
                     continue
                 for (i, lease, _), result in zip(chunk, outcome, strict=True):
                     if result is None:
-                        lease._record.settled(spec.state)
-                        done.append(lease)
+                        lost_meanwhile = lease._record.settled(spec.state)
+                        if lost_meanwhile is None:
+                            done.append(lease)
+                        else:
+                            results[i] = lost_meanwhile
                         continue
                     failure = self._queue._entry_error(result, action)
                     lease._record.failed(lease, failure)
@@ -338,8 +348,7 @@ class LeaseOperations:
                 record.release()
                 raise
         if result is None:
-            record.settled(spec.state)
-            return None
+            return record.settled(spec.state)  # the error if it was reported lost meanwhile
         failure = self._queue._entry_error(result, spec.action)
         record.failed(lease, failure)
         return failure
@@ -375,7 +384,9 @@ class LeaseOperations:
                 deadline(self.lease_timeout([lease], limit, settle=True)),
             ):
                 move(lease, receipt, reason)
-            lease._record.settled(LeaseState.DEAD_LETTERED)
+            lost = lease._record.settled(LeaseState.DEAD_LETTERED)
+            if lost is not None:  # reported lost while the move was in flight: it stays so
+                raise lost
             self.discard_checkpoints([lease])
             queue.events.emit("leasekit_lease_dead_lettered", lease=lease, reason=reason)
 
@@ -445,6 +456,14 @@ class LeaseOperations:
             )
             lease._record.lose(lease, error)
             raise error
+        # The store answered, but by core's clock the lease may have ended while it
+        # wrote: another consumer may hold the message and have read the store before
+        # this write. The holder is stale; it must not go on as if its progress were kept.
+        late = lease._record.expire(
+            lease, reason="the checkpoint store's write ended after the lease's deadline"
+        )
+        if late is not None or lease.state is LeaseState.LOST:
+            raise late or lease._record.lost_error or errors.LeaseLost("the lease was lost")
         lease._record.checkpointed()
 
     def discard_checkpoints(self, leases: Sequence[Lease]) -> None:

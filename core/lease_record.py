@@ -110,10 +110,15 @@ def take_together(records: Sequence[LeaseRecord], operation: str) -> list[str] |
     return None
 
 
-def settled_together(records: Sequence[LeaseRecord], state: LeaseState) -> None:
-    """:meth:`LeaseRecord.settled` for each record; one hold of the lock when they share it."""
+def settled_together(records: Sequence[LeaseRecord], state: LeaseState) -> list[int]:
+    """:meth:`LeaseRecord.settled` for each record; one hold of the lock when they share it.
+
+    Returns the positions of the records that were reported lost while their
+    call was in flight (almost always none): those stay lost.
+    """
     batch = records[0]._batch
     rest: Sequence[LeaseRecord] = ()
+    lost: list[int] = []
     with batch.mutex:
         for i, record in enumerate(records):
             if record._batch is not batch:  # another receive's: under its own lock, below
@@ -122,9 +127,14 @@ def settled_together(records: Sequence[LeaseRecord], state: LeaseState) -> None:
             record.busy = None
             if record.state is LeaseState.HELD:
                 record.state = state
+            elif record.state is LeaseState.LOST:
+                lost.append(i)
         batch.notify_idle()
-    for record in rest:
-        record.settled(state)
+    first = len(records) - len(rest)
+    for i, record in enumerate(rest, first):
+        if record.settled(state) is not None:
+            lost.append(i)
+    return lost
 
 
 class LeaseRecord:
@@ -308,13 +318,21 @@ class LeaseRecord:
         with self._mutex:
             self.checkpoints += 1
 
-    def settled(self, state: LeaseState) -> None:
-        """Record that the lease was completed, abandoned or dead-lettered."""
+    def settled(self, state: LeaseState) -> LeaseLost | None:
+        """Record that the lease was completed, abandoned or dead-lettered.
+
+        A lease's outcome is decided once: one already reported lost (its deadline
+        passed while the settle call was in flight, and the keeper said so) stays
+        lost even though the call then succeeded, and its error is returned for
+        the caller to raise, so that ``on_lost`` and the settle never disagree.
+        """
         with self._mutex:
             self.busy = None
+            self._batch.notify_idle()
             if self.state is LeaseState.HELD:
                 self.state = state
-            self._batch.notify_idle()
+                return None
+            return self.lost_error if self.state is LeaseState.LOST else None
 
     def failed(self, owner: Lease, error: BaseException) -> None:
         """Record a failed operation of ``owner``: held still, unless ``error`` says it is lost."""
