@@ -1,0 +1,68 @@
+"""The Redis / Valkey Streams backend: fenced, renewable leases where Python queues already are.
+
+URLs:
+    ``redis://[user[:password]@]host[:port][/db]?queue=NAME``, ``rediss://`` for
+    TLS, and the aliases ``valkey://`` / ``valkeys://``. Keyword form:
+    ``leasekit.open("redis", queue="jobs", host="localhost", port=6379, password=...)``.
+    Options: ``db``, ``username``, ``password`` (never shown), ``prefix`` (of every
+    key, default ``leasekit``), ``max_message_size`` (bytes), ``connect_timeout``
+    (s), ``ssl_ca_certs`` (a CA file for ``rediss://``).
+
+Delivery semantics:
+    At least once. One stream and one consumer group per queue; every key of a
+    queue shares one ``{hash tag}`` (``leasekit:{jobs}:messages`` ...), so a
+    cluster keeps it on one slot. A lease is the entry's idle time in the
+    group's pending list: a receive or renew sets it to ``threshold - duration``
+    (``XCLAIM ... IDLE ... JUSTID``, which counts no delivery), and the next
+    receive takes an entry whose idle time reached the threshold back with
+    ``XAUTOCLAIM`` (counting a delivery). A receipt names the entry, the consumer
+    and the delivery count; every settling operation (renew, complete, abandon,
+    dead-letter, checkpoint) is one Lua script per batch that checks both with
+    ``XPENDING`` before it acts, so a stale receipt is refused (``LeaseLost``)
+    and changes nothing — a bare ``XACK`` would not be refused. A receipt whose
+    lease lapsed but whose message nobody took back still works. Delayed sends
+    wait in a sorted set that receives move into the stream; a time-to-live is
+    a second sorted set, checked by the fence and purged by receives. Checkpoints
+    are native (a hash by entry id, written by the fenced script). Dead letters
+    go, in one script, to a stream of their own with the reason and delivery
+    count. No ordered groups (``ordered=False``). See ``docs/backends/redis.md``.
+
+Limits:
+    Leases 0.01 s – 30 days at millisecond resolution; 500 messages per receive,
+    renew, delete and send call; bodies up to ``max_message_size`` (1 MiB by
+    default; Redis's limit is 512 MB). No long poll (core polls with backoff).
+    ``Queue.stats()`` counts are exact: visible, leased, delayed, dead-lettered.
+
+Raw types:
+    ``lease.raw`` is ``None``. SDK errors are :class:`redis.exceptions.RedisError`.
+
+Errors:
+    No stream or no group → ``QueueNotFound``; a key that is not a stream →
+    ``InvalidArgument`` naming it; stale or malformed receipt, settled or
+    expired message → ``LeaseLost``; lost connection, timeout, ``LOADING``,
+    ``BUSY`` → ``BackendUnavailable`` (retried by core); a read-only replica
+    (``READONLY``) or a full server (``OOM``) → ``BackendUnavailable``, not
+    retried; a refused password → ``AuthenticationFailed``. A server whose
+    ``maxmemory-policy`` evicts keys is logged as a warning on first use.
+"""
+
+from __future__ import annotations
+
+from leasekit.hookspecs import hookimpl
+from leasekit.registry import BackendSpec
+
+__all__ = ["leasekit_add_backends"]
+
+_DRIVER = "leasekit.backends.redis.driver:RedisDriver"
+
+
+@hookimpl
+def leasekit_add_backends() -> list[BackendSpec]:
+    """Register ``redis`` and ``rediss``, and ``valkey`` / ``valkeys`` as their aliases."""
+    about = "Redis / Valkey Streams: fenced, renewable leases in Lua, one stream per queue"
+    return [
+        BackendSpec(name="redis", driver=_DRIVER, extra="redis", description=about),
+        BackendSpec(name="rediss", driver=_DRIVER, extra="redis", description="redis over TLS"),
+        BackendSpec(name="valkey", driver=_DRIVER, extra="redis", description="alias of redis"),
+        BackendSpec(name="valkeys", driver=_DRIVER, extra="redis", description="alias of rediss"),
+    ]

