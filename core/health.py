@@ -274,6 +274,10 @@ class HealthServer:
             host (Kubernetes probes come to the pod's IP).
         port: the port; 0 picks a free one (see :attr:`port`).
         limits: when the worker counts as stuck or cut off.
+        leases: opt-in: a function returning the leases this process holds (a
+            :meth:`leasekit.lease_report.LeaseReporter.snapshot`), served at
+            ``GET /leases`` for the dashboard; ids and timings only, never a
+            receipt or a body. ``None`` (the default): ``/leases`` is 404.
 
     ``/livez`` answers 200 when live and 503 when not, ``/readyz`` the same for
     ready; the JSON body is :meth:`Health.as_dict` (the problems say why). Any
@@ -293,6 +297,7 @@ class HealthServer:
         host: str = "127.0.0.1",
         port: int = 0,
         limits: HealthLimits | None = None,
+        leases: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         if not isinstance(host, str) or not host:
             raise errors.InvalidArgument(f"host must be an address, got {host!r}")
@@ -309,6 +314,9 @@ class HealthServer:
             raise errors.InvalidArgument(
                 f"worker must have a health() method or be callable, got {worker!r}"
             )
+        if leases is not None and not callable(leases):
+            raise errors.InvalidArgument(f"leases must be callable or None, got {leases!r}")
+        self._leases = leases
         self._address = (host, port)
         self._server: HTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -338,7 +346,7 @@ class HealthServer:
         if self._server is not None:
             return self
         try:
-            server = _make_server(self._address, self._check)
+            server = _make_server(self._address, self._check, self._leases)
         except OSError as exc:
             raise errors.BackendUnavailable(
                 f"cannot serve health on {self._address[0]}:{self._address[1]}: {exc}"
@@ -377,8 +385,14 @@ class HealthServer:
         self.stop()
 
 
-def _make_server(address: tuple[str, int], check: Callable[[], Health]) -> HTTPServer:
+def _make_server(
+    address: tuple[str, int],
+    check: Callable[[], Health],
+    leases: Callable[[], dict[str, Any]] | None = None,
+) -> HTTPServer:
     """A bound HTTP server answering ``/livez`` and ``/readyz`` from ``check()``.
+
+    And ``/leases`` from ``leases()``, when given.
 
     ``http.server`` is imported here, not with the module: ``import leasekit``
     stays as light as it was for workers that serve no health endpoint.
@@ -400,6 +414,15 @@ def _make_server(address: tuple[str, int], check: Callable[[], Health]) -> HTTPS
 
         def _answer(self, *, body: bool) -> None:
             path = self.path.split("?", 1)[0].rstrip("/")
+            if path == "/leases" and leases is not None:
+                try:
+                    report = leases()
+                except Exception:
+                    _log.exception("lease report failed")
+                    self._send(500, {"error": "the lease report failed"}, body)
+                    return
+                self._send(200, report, body)
+                return
             if path not in ("/livez", "/readyz"):
                 self._send(404, {"error": f"not found: {path or '/'}; try /livez or /readyz"}, body)
                 return

@@ -293,6 +293,7 @@ BAD_INPUT = {
     "consume": (["consume", "{url}", "--handler", "nomodule"], 2, "MODULE:FUNCTION"),
     "watch": (["watch", "{url}", "--interval", "0"], 2, "--interval must be"),
     "conformance": (["conformance"], 2, "Missing argument 'URL'"),
+    "dashboard": (["dashboard", "{url}", "--host", "0.0.0.0", "--no-token"], 2, "--no-token is"),
     "demo": (["demo", "--messages", "0"], 2, "--messages"),
     "dead-letters": (["dead-letters", "{missing}"], 1, "QueueNotFound"),
     "redrive": (["redrive", "{url}", "--limit", "0"], 2, "--limit"),
