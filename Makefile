@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # Extras the whole suite needs (every backend SDK plus the dev tools).
-TEST_EXTRAS := azure-storage-queue,azure-service-bus,aliyun-mns,sqs,gcp-pubsub,postgresql,spark,otel,taskiq,dev
+TEST_EXTRAS := azure-storage-queue,azure-service-bus,aliyun-mns,sqs,gcp-pubsub,postgresql,spark,otel,taskiq,dashboard,dev
 
 .PHONY: demo test lint typecheck pytest compatibility clean
 
