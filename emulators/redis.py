@@ -18,7 +18,9 @@ Usage::
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 from types import TracebackType
@@ -113,6 +115,12 @@ class LocalRedis:
         if self._process is not None:
             self._process.stop(grace=STOP_GRACE)
             self._process = None
+
+    def kill(self) -> None:
+        """Kill the server at once (SIGKILL: no shutdown, no final write)."""
+        if self._process is not None and self._process.pid is not None:
+            os.kill(self._process.pid, signal.SIGKILL)
+        self.stop()
 
     def restart(self) -> None:
         """Stop and start again on the same port and data directory."""

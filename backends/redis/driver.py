@@ -634,8 +634,21 @@ def _dead_letter(entry: Any, fields: dict[Any, Any]) -> DeadLetter:
     )
 
 
+#: redis-py's classes for the error replies it strips the first word from.
+_CLASS_WORDS: tuple[tuple[type[BaseException], str], ...] = (
+    (redis.exceptions.ReadOnlyError, "READONLY"),
+    (redis.exceptions.OutOfMemoryError, "OOM"),
+    (redis.exceptions.BusyLoadingError, "LOADING"),
+    (redis.exceptions.NoPermissionError, "NOPERM"),
+    (redis.exceptions.TryAgainError, "TRYAGAIN"),
+)
+
+
 def _word(exc: BaseException) -> str:
     """The first word of a server error reply (a script's error keeps its reply's word)."""
+    for cls, known in _CLASS_WORDS:
+        if isinstance(exc, cls):
+            return known
     text = str(exc)
     for word in (
         "NOQUEUE",

@@ -9,12 +9,29 @@ would succeed), the key layout, error classification, and the server's settings.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import threading
+import time
+import uuid
 from collections.abc import Iterator
 
 import pytest
+import redis
 
+import leasekit
+from leasekit import (
+    AuthenticationFailed,
+    BackendUnavailable,
+    InvalidArgument,
+    InvalidURL,
+    Lease,
+    LeaseLost,
+    QueueNotFound,
+)
 from leasekit.conformance import AsyncUrlHarness, ConformanceSuite, UrlHarness
 from leasekit.emulators.redis import LocalRedis
+from leasekit.queue import Queue
 
 # --------------------------------------------------------------- conformance
 
@@ -53,3 +70,240 @@ class TestValkeyConformanceThroughAsyncio(ConformanceSuite):
         harness = AsyncUrlHarness(valkey_server.url())
         yield harness
         harness.close()
+
+
+# ------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(params=["redis", "valkey"])
+def server(request: pytest.FixtureRequest) -> LocalRedis:
+    """Each session server in turn."""
+    found: LocalRedis = request.getfixturevalue(f"{request.param}_server")
+    return found
+
+
+@pytest.fixture
+def queue(server: LocalRedis) -> Iterator[Queue]:
+    q = leasekit.open(server.url(), queue=f"t-{uuid.uuid4().hex[:12]}", create=True)
+    try:
+        yield q
+    finally:
+        q.delete_queue()
+        q.close()
+
+
+def _client(server: LocalRedis) -> redis.Redis:
+    return redis.Redis(host=server.host, port=server.port)
+
+
+def _evalsha_calls(client: redis.Redis) -> int:
+    stats = client.info("commandstats").get("cmdstat_evalsha", {"calls": 0})
+    return int(stats["calls"])
+
+
+# ---------------------------------------------------------------------- URLs
+
+
+def test_url_options_reach_the_server_and_the_valkey_alias_opens_the_same_queue(
+    server: LocalRedis,
+) -> None:
+    name = f"alias-{uuid.uuid4().hex[:8]}"
+    with leasekit.open(f"{server.url(3)}?queue={name}&prefix=app", create=True) as first:
+        first.send(b"one")
+        alias = f"valkey://{server.host}:{server.port}/3?queue={name}&prefix=app"
+        with leasekit.open(alias) as second:
+            assert [lz.message.body for lz in second.lease(1, duration=5)] == [b"one"]
+        with leasekit.open("redis", queue=name, port=server.port, db=3, prefix="app") as third:
+            assert third.stats().leased == 1
+        keys = redis.Redis(host=server.host, port=server.port, db=3).keys(f"app:{{{name}}}:*")
+        assert b"app:{%s}:messages" % name.encode() in keys
+        first.delete_queue()
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("redis://localhost:6379/jobs", "database number"),
+        ("redis://localhost:6379/0?queue=a{b}", "braces"),
+        ("redis://localhost:6379/0?queue=a&prefix=x{y}", "braces"),
+        ("redis://localhost:6379/0?queue=a&max_message_size=0", "max_message_size"),
+        ("redis://localhost:6379/0?queue=a&password=HUNTER2SECRET", "password"),
+        ("redis://localhost:6379/0?queue=a&no_such_option=1", "no_such_option"),
+    ],
+)
+def test_bad_urls_are_refused_at_open_before_any_call(url: str, words: str) -> None:
+    with pytest.raises(InvalidURL) as info:
+        leasekit.open(url)
+    assert words in str(info.value)
+    assert "HUNTER2SECRET" not in str(info.value)
+
+
+def test_a_password_in_the_url_is_used_and_never_shown() -> None:
+    with LocalRedis("redis", args=("--requirepass", "HUNTER2SECRET")) as locked:
+        good = f"redis://:HUNTER2SECRET@{locked.host}:{locked.port}/0?queue=pw"
+        with leasekit.open(good, create=True) as q:
+            q.send(b"in")
+            assert "HUNTER2SECRET" not in repr(q) + repr(q.driver)
+            assert q.stats().visible == 1
+        bad = f"redis://:WRONGSECRET@{locked.host}:{locked.port}/0?queue=pw"
+        with pytest.raises(AuthenticationFailed) as info, leasekit.open(bad) as q:
+            q.stats()
+        assert "WRONGSECRET" not in str(info.value)
+        no_password = leasekit.open("redis", queue="pw", port=locked.port)
+        with pytest.raises(AuthenticationFailed), no_password as q:
+            q.send(b"x")
+
+
+# --------------------------------------------------------------------- fence
+
+
+def test_a_bare_xack_is_not_fenced_but_complete_is(queue: Queue, server: LocalRedis) -> None:
+    """Redis acknowledges a stale holder's XACK (returns 1); leasekit's complete refuses it."""
+    client = _client(server)
+    stream = f"leasekit:{{{queue.name}}}:messages"
+    queue.send(b"contested")
+    [first] = queue.lease(1, duration=0.05)
+    deadline = time.monotonic() + 5
+    second: list[Lease] = []
+    while not second and time.monotonic() < deadline:
+        second = queue.lease(1, duration=30)
+    [again] = second
+    assert again.message.id == first.message.id and again.message.delivery_count == 2
+    entry = first.receipt.split("/")[0]
+    # The raw command: the old holder's XACK of an entry someone else holds succeeds.
+    pel = client.xpending_range(stream, "leasekit", entry, entry, 1)
+    assert pel[0]["consumer"].decode() == again.receipt.split("/")[2]
+    with pytest.raises(LeaseLost):
+        first.complete()
+    # Nothing changed for the new holder: its entry is still pending, with its count.
+    pel = client.xpending_range(stream, "leasekit", entry, entry, 1)
+    assert pel and pel[0]["times_delivered"] == 2
+    assert client.xack(stream, "leasekit", entry) == 1  # what a bare XACK does instead
+    client.xadd(stream, {"b": b"x"})  # (the raw XACK above emptied the PEL entry)
+
+
+def test_each_batch_is_one_script_call(queue: Queue, server: LocalRedis) -> None:
+    client = _client(server)
+    queue.send_many([b"%d" % i for i in range(100)])
+    leases = queue.lease(100, duration=30)
+    assert len(leases) == 100
+    before = _evalsha_calls(client)
+    queue.renew_many(leases, 60)
+    assert _evalsha_calls(client) - before == 1
+    before = _evalsha_calls(client)
+    queue.complete_many(leases)
+    assert _evalsha_calls(client) - before == 1
+    assert queue.stats().total == 0
+
+
+def test_every_key_of_a_queue_shares_one_hash_slot(queue: Queue, server: LocalRedis) -> None:
+    client = _client(server)
+    queue.send(b"now", ttl=60)
+    queue.send(b"later", delay=60)
+    queue.send(b"poison")
+    leases = queue.lease(2, duration=30)
+    leases[0].checkpoint(b"half")
+    leases[1].dead_letter("bad")
+    keys = client.keys(f"leasekit:{{{queue.name}}}:*")
+    assert len(keys) >= 6
+    # A cluster hashes only what is inside the first {...}: the queue's name, for every key.
+    tags = {key.decode().split("{", 1)[1].split("}", 1)[0] for key in keys}
+    assert tags == {queue.name}
+
+
+# -------------------------------------------------------------------- errors
+
+
+def test_a_key_that_is_not_a_stream_is_invalid_argument_naming_it(server: LocalRedis) -> None:
+    name = f"wrong-{uuid.uuid4().hex[:8]}"
+    _client(server).set(f"leasekit:{{{name}}}:messages", b"a string")
+    with leasekit.open(server.url(), queue=name) as q:
+        with pytest.raises(InvalidArgument) as info:
+            q.send(b"x")
+        assert f"leasekit:{{{name}}}:messages" in str(info.value)
+        assert not isinstance(info.value, LeaseLost | QueueNotFound)
+        with pytest.raises(InvalidArgument):
+            q.lease(1, duration=5)
+        q.delete_queue()
+
+
+def test_a_read_only_replica_is_a_typed_error_not_a_hang(redis_server: LocalRedis) -> None:
+    name = f"ro-{uuid.uuid4().hex[:8]}"
+    with leasekit.open(redis_server.url(), queue=name, create=True) as primary:
+        primary.send(b"x")
+    args = ("--replicaof", redis_server.host, str(redis_server.port))
+    with LocalRedis("redis", args=args) as replica:
+        deadline = time.monotonic() + 10
+        while not _client(replica).exists(f"leasekit:{{{name}}}:messages"):
+            assert time.monotonic() < deadline, "the replica did not sync"
+            time.sleep(0.05)  # polling the replica's first sync, with a deadline
+        with leasekit.open(replica.url(), queue=name, call_timeout=5) as q:
+            start = time.monotonic()
+            with pytest.raises(BackendUnavailable) as info:
+                q.send(b"y")
+            assert info.value.backend_code == "READONLY"
+            assert time.monotonic() - start < 2  # refused, not retried until the deadline
+    with leasekit.open(redis_server.url(), queue=name) as primary:
+        primary.delete_queue()
+
+
+def test_a_server_that_may_evict_keys_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    with LocalRedis("valkey", args=("--maxmemory-policy", "allkeys-lru")) as evicting:
+        level = caplog.at_level(logging.WARNING, logger="leasekit.backends.redis")
+        with level, leasekit.open(evicting.url(), queue="ev", create=True) as q:
+            q.send(b"x")
+        assert any("allkeys-lru" in r.getMessage() for r in caplog.records)
+
+
+def test_a_lost_server_is_backend_unavailable_within_the_call_timeout() -> None:
+    server = LocalRedis("redis")
+    port = server.port  # nothing listens there
+    with leasekit.open("redis", queue="gone", port=port, call_timeout=0.5) as q:
+        start = time.monotonic()
+        with pytest.raises(BackendUnavailable):
+            q.send(b"x")
+        assert time.monotonic() - start < 3
+    server.close()
+
+
+# ---------------------------------------------------------------- durability
+
+
+def test_a_killed_durable_server_loses_no_acknowledged_send(redis_private: LocalRedis) -> None:
+    """appendonly yes + appendfsync always: what send returned survives kill -9."""
+    url = f"{redis_private.url()}?queue=durable"
+    acknowledged: list[str] = []
+    completed: set[str] = set()
+    with leasekit.open(url, create=True, call_timeout=10) as q:
+        acknowledged += q.send_many([b"%d" % i for i in range(50)])
+        for lease in q.lease(20, duration=60):
+            lease.complete()
+            completed.add(lease.message.id)
+        stop = threading.Event()
+
+        def sender() -> None:
+            i = 0
+            while not stop.is_set():
+                with contextlib.suppress(BackendUnavailable):
+                    acknowledged.append(q.send(b"late-%d" % i))
+                i += 1
+
+        thread = threading.Thread(target=sender)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while len(acknowledged) < 80 and time.monotonic() < deadline:
+            time.sleep(0.01)  # polling the sender's progress, with a deadline
+        redis_private.kill()
+        redis_private.start()
+        floor = len(acknowledged)
+        while len(acknowledged) < floor + 20 and time.monotonic() < deadline + 10:
+            time.sleep(0.01)
+        stop.set()
+        thread.join(10)
+        seen: set[str] = set()
+        while batch := q.lease(500, duration=60):
+            for lease in batch:
+                seen.add(lease.message.id)
+                lease.complete()
+    assert set(acknowledged) - completed <= seen
+    assert not completed & seen
