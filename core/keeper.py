@@ -60,6 +60,10 @@ COALESCE = 0.05
 JITTER = 0.1
 #: Default for ``stop_timeout``: how long ``stop()`` waits for renewal calls in flight.
 STOP_TIMEOUT = 2.0
+#: A failed renewal is retried at most this fraction of the lease's time left
+#: later (the retry policy's backoff, up to 2 s, is cut to it): a network back
+#: before the lease ends still gets a few tries, not one drawn after the end.
+RETRY_WITHIN = 0.25
 #: The scheduler wakes at least this often, idle or not, and stamps its heartbeat:
 #: a heartbeat older than this (plus scheduling noise) means the scheduler is stuck.
 HEARTBEAT = 1.0
@@ -695,7 +699,8 @@ class LeaseKeeper:
         self.stats.transient_failures += 1
         held.failures += 1
         backoff = held.lease.queue.retry_policy.backoff(held.failures)
-        held.due = min(now + backoff, held.lease.deadline)
+        left = held.lease.deadline - now
+        held.due = min(now + min(backoff, RETRY_WITHIN * left), held.lease.deadline)
         self._push(held)
 
     def _report_lost(self, held: _Held, error: errors.LeaseLost) -> None:
