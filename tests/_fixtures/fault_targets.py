@@ -26,6 +26,7 @@ import pytest
 import leasekit
 from leasekit import Queue
 from leasekit.emulators.postgres import LocalPostgres
+from leasekit.emulators.redis import LocalRedis
 
 from .azurite import Azurite
 from .fault_proxy import FaultProxy, MakeProxy
@@ -203,6 +204,19 @@ def _postgresql(make: MakeProxy, request: pytest.FixtureRequest) -> FaultTarget:
     return FaultTarget("postgresql", proxy, proxied, direct, waits_out_short_cuts=True)
 
 
+def _redis(make: MakeProxy, request: pytest.FixtureRequest) -> FaultTarget:
+    server: LocalRedis = request.getfixturevalue("redis_server")
+    proxy = make(server.port)
+
+    def proxied(name: str, **options: Any) -> Queue:
+        return leasekit.open(f"redis://{proxy.host}:{proxy.port}/0", queue=name, **options)
+
+    def direct(name: str, **options: Any) -> Queue:
+        return leasekit.open(server.url(), queue=name, **options)
+
+    return FaultTarget("redis", proxy, proxied, direct)
+
+
 #: The backends the fault scenarios run on, by scheme.
 FAULT_BACKENDS: dict[str, Callable[[MakeProxy, pytest.FixtureRequest], FaultTarget]] = {
     "aliyun-mns": _mns,
@@ -212,6 +226,7 @@ FAULT_BACKENDS: dict[str, Callable[[MakeProxy, pytest.FixtureRequest], FaultTarg
     "azure-service-bus-3-links": functools.partial(_servicebus, receivers=3),
     "azure-storage-queue": _azure,
     "postgresql": _postgresql,
+    "redis": _redis,
 }
 
 
