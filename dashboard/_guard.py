@@ -13,7 +13,7 @@ Every request passes here before any page runs:
    the handler then checks the form's CSRF token;
 5. at most ``max_connections`` requests are served at once (503 beyond);
 6. every answer carries a strict Content-Security-Policy (no inline script) and
-   no-store, no-referrer, no-sniff, no-framing headers.
+   no-store, same-origin referrer, no-sniff, no-framing headers.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ CSP = (
 _HEADERS = [
     (b"content-security-policy", CSP.encode()),
     (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
+    # same-origin, not no-referrer: with no-referrer a browser sends "Origin: null".
+    (b"referrer-policy", b"same-origin"),
     (b"x-frame-options", b"DENY"),
     (b"cache-control", b"no-store"),
     (b"cross-origin-opener-policy", b"same-origin"),
@@ -176,13 +177,16 @@ class Guard:
             if level != "all":
                 await _plain(send, 403, "This dashboard is read-only: changes are refused.")
                 return
+            # A browser says where a request comes from: Sec-Fetch-Site (all current
+            # ones), else Origin, which must name this very host and port.
             site = headers.get("sec-fetch-site")
             origin = headers.get("origin")
-            if site is not None and site not in ("same-origin", "none"):
-                await _plain(send, 403, "Cross-site request refused.")
-                return
-            if origin is not None and host_of(origin.split("://", 1)[-1]) != host_of(
-                headers.get("host", "")
+            if site is not None:
+                if site != "same-origin":
+                    await _plain(send, 403, "Cross-site request refused.")
+                    return
+            elif origin is not None and origin.split("://", 1)[-1].lower() != (
+                headers.get("host", "").lower()
             ):
                 await _plain(send, 403, "Cross-origin request refused.")
                 return
