@@ -48,7 +48,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from leasekit import dead_letters as marks
+from leasekit import dead_letter_format as marks
 from leasekit.capabilities import Capabilities
 from leasekit.clock import Clock, SystemClock, to_datetime
 from leasekit.errors import InvalidURL

@@ -55,7 +55,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from leasekit import dead_letters as marks
+from leasekit import dead_letter_format as marks
 from leasekit.capabilities import Capabilities
 from leasekit.clock import Clock, SystemClock, to_datetime
 from leasekit.errors import InvalidURL

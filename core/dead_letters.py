@@ -5,13 +5,7 @@ queue — the one the service names (:meth:`Driver.dead_letter_queue`, e.g. SQS'
 redrive target) or ``<queue>-poison`` (Azure Functions' convention) — and then
 deletes the original: copy first, so a failure in between leaves a duplicate,
 never a lost message. The copy keeps the body and the original properties and
-adds three properties, written and read back here and nowhere else:
-
-==============================  ===========================================
-``leasekit-dead-letter-reason``  why (``Lease.dead_letter(reason)``)
-``leasekit-original-id``         the message id in the original queue
-``leasekit-delivery-count``      how often it had been delivered
-==============================  ===========================================
+adds three properties, :mod:`leasekit.dead_letter_format` (re-exported here).
 
 **A copy too large for the queue** (a body near the maximum) is sent smaller,
 the same way on every backend: first with the reason cut to
@@ -27,19 +21,29 @@ the copies back, counts them and deletes ``<queue>-poison`` with its queue.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
-from collections.abc import Iterator, Mapping
-from datetime import datetime
 from functools import partial
 from typing import TYPE_CHECKING
 
 from . import errors
+from .dead_letter_format import (
+    DELIVERY_COUNT,
+    ORIGINAL_ID,
+    POISON_SUFFIX,
+    REASON,
+    REDRIVEN_REASON,
+    SHORT_REASON,
+    copies,
+    from_message,
+    marked,
+    read,
+    redriven,
+    with_total,
+)
 from .deadline import deadline
 from .error_mapping import wrap_error
-from .message import Message
-from .spi import DeadLetter, Driver, OutgoingMessage, QueueStats, RawMessage
+from .spi import DeadLetter, Driver, OutgoingMessage
 
 if TYPE_CHECKING:
     from .lease import Lease
@@ -61,103 +65,10 @@ __all__ = [
     "with_total",
 ]
 
-#: Where core dead-letters when the service names no queue (Azure Functions' convention).
-POISON_SUFFIX = "-poison"
-REASON = "leasekit-dead-letter-reason"
-ORIGINAL_ID = "leasekit-original-id"
-DELIVERY_COUNT = "leasekit-delivery-count"
-#: On a re-driven message: the reason it had been dead-lettered for.
-REDRIVEN_REASON = "leasekit-redriven-reason"
-#: Characters of the reason kept in a copy that did not fit with the whole reason.
-SHORT_REASON = 200
-_ELLIPSIS = "\u2026"
 #: Not asked yet (``Driver.dead_letter_queue`` may be ``None``).
 _UNKNOWN = object()
 
 _log = logging.getLogger("leasekit")
-
-
-def copies(
-    message: Message, reason: str, *, properties: bool
-) -> Iterator[tuple[str, OutgoingMessage]]:
-    """The copies of ``message`` to try, largest first, each with a word on what it keeps.
-
-    ``properties``: whether the backend carries properties (else only the body goes).
-    """
-    own: Mapping[str, str] = dict(message.properties) if properties else {}
-    group = message.group  # an ordered queue's dead-letter queue is ordered too (SQS FIFO)
-    if properties:
-        marks = {ORIGINAL_ID: message.id, DELIVERY_COUNT: str(message.delivery_count)}
-        yield (
-            "whole",
-            OutgoingMessage(message.body, properties={**own, **marks, REASON: reason}, group=group),
-        )
-        if len(reason) > SHORT_REASON:
-            short = reason[: SHORT_REASON - 1] + _ELLIPSIS
-            yield (
-                "with its reason shortened",
-                OutgoingMessage(
-                    message.body, properties={**own, **marks, REASON: short}, group=group
-                ),
-            )
-    yield "without its reason", OutgoingMessage(message.body, properties=own, group=group)
-
-
-def marked(
-    properties: Mapping[str, str], *, id: str, reason: str | None, delivery_count: int | None
-) -> dict[str, str]:
-    """``properties`` with the dead-letter marks added: how a native store shows a dead letter.
-
-    For :meth:`leasekit.spi.Driver.dead_letter_store`, whose messages read back
-    (:func:`read`) as core's copies do.
-    """
-    marks = {**properties, ORIGINAL_ID: id}
-    if reason is not None:
-        marks[REASON] = reason
-    if delivery_count is not None:
-        marks[DELIVERY_COUNT] = str(delivery_count)
-    return marks
-
-
-def read(raw: RawMessage) -> DeadLetter:
-    """A dead-letter copy read back: the original id, reason and count where the copy has them.
-
-    A message another producer put on the queue reads with its own id and no
-    reason or count.
-    """
-    return _letter(raw.id, raw.body, raw.properties, raw.enqueued_at)
-
-
-def from_message(message: Message) -> DeadLetter:
-    """A leased dead-letter copy (or dead-letter store message) read back, as :func:`read`."""
-    return _letter(message.id, message.body, message.properties, message.enqueued_at)
-
-
-def _letter(
-    id: str, body: bytes, properties: Mapping[str, str], enqueued_at: datetime | None
-) -> DeadLetter:
-    own = dict(properties)
-    reason = own.pop(REASON, None)
-    original = own.pop(ORIGINAL_ID, None)
-    count = own.pop(DELIVERY_COUNT, None)
-    return DeadLetter(
-        id=original or id,
-        body=body,
-        reason=reason,
-        delivery_count=int(count) if count is not None and count.isdigit() else None,
-        properties=own,
-        enqueued_at=enqueued_at,
-    )
-
-
-def with_total(counts: QueueStats) -> QueueStats:
-    """``counts`` with ``total`` added up where the driver told visible, leased and delayed."""
-    if counts.total is not None:
-        return counts
-    parts = (counts.visible, counts.leased, counts.delayed)
-    if any(part is None for part in parts):
-        return counts
-    return dataclasses.replace(counts, total=sum(part or 0 for part in parts))
 
 
 class DeadLetters:
@@ -313,19 +224,3 @@ class DeadLetters:
         """Close the dead-letter queue's driver, if it was opened."""
         if self._target is not None:
             self._target.close()
-
-
-def redriven(letter: DeadLetter, *, properties: bool) -> Iterator[OutgoingMessage]:
-    """The messages to send back for ``letter``, largest first: with the reason, then without.
-
-    The reason goes in :data:`REDRIVEN_REASON` (a reason from an earlier
-    re-drive is replaced). ``properties``: whether the queue carries properties.
-    """
-    own: dict[str, str] = dict(letter.properties) if properties else {}
-    own.pop(REDRIVEN_REASON, None)
-    if properties:
-        reason = letter.reason or "unknown"
-        if len(reason) > SHORT_REASON:
-            reason = reason[: SHORT_REASON - 1] + _ELLIPSIS
-        yield OutgoingMessage(letter.body, properties={**own, REDRIVEN_REASON: reason})
-    yield OutgoingMessage(letter.body, properties=own)

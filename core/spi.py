@@ -555,7 +555,7 @@ class Driver(ABC):
         lease ends, and ``delete`` with a stale receipt is refused); the other
         data methods may raise. Each message it receives carries the dead letter's
         own properties plus the marks core's dead-letter copies carry
-        (:func:`leasekit.dead_letters.marked`: the original id, the reason and the
+        (:func:`leasekit.dead_letter_format.marked`: the original id, the reason and the
         delivery count), and as ``enqueued_at`` the time it was dead-lettered where
         the store knows it. Constructing it must do no network I/O; core closes it.
         The default raises :class:`NotImplementedError`: the backend cannot re-drive.
