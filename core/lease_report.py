@@ -160,16 +160,20 @@ class LeaseReporter:
         """A lease held here was found lost: its timeline starts (or goes on)."""
         now = self._clock()
         reason = redact(str(error))[:MAX_REASON]
+        # Lost when its lease ended, if that was before the loss was found (a frozen
+        # process finds it late, maybe after the message was redelivered).
+        at = min(now, lease.expires_at.timestamp())
+        count = lease.message.delivery_count
         with self._lock:
             held = self._held.pop(lease, None)
             key = (lease.queue.name, lease.message.id)
             timeline = self._timelines.get(key)
             if timeline is None:
                 timeline = self._timeline(key)
-                if held is not None:
-                    timeline.add(
-                        self._event("leased", held.leased_at, delivery_count=held.delivery_count)
-                    )
+            if held is not None and not any(
+                e["event"] == "leased" and e.get("delivery_count") == count for e in timeline.events
+            ):
+                timeline.add(self._event("leased", held.leased_at, delivery_count=count))
             if held is not None and held.renewals:
                 timeline.add(
                     self._event(
@@ -179,7 +183,7 @@ class LeaseReporter:
                         lateness=_ms(held.last_lateness),
                     )
                 )
-            timeline.add(self._event("lost", now, reason=reason))
+            timeline.add(self._event("lost", at, delivery_count=count, reason=reason))
 
     @hookimpl
     def leasekit_lease_completed(self, lease: Lease) -> None:
