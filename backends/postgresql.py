@@ -1038,6 +1038,9 @@ class PostgresqlDriver(Driver):
     def options_from_url(cls, url: ParsedURL) -> dict[str, Any]:
         """``postgresql://user@host:port/db?queue=q&sslmode=...`` → leasekit's and libpq's."""
         options: dict[str, Any] = dict(url.query)
+        # The URI's parts are percent-decoded as libpq decodes them (a password
+        # holding "/", "@", ":", "%" or a space is given as %2F, %40, %3A, %25,
+        # %20; "+" stays a plus); the port is a number.
         for key, value in (
             ("host", url.host),
             ("port", url.port),
@@ -1045,8 +1048,13 @@ class PostgresqlDriver(Driver):
             ("user", url.username),
             ("password", url.password),
         ):
-            if value not in (None, ""):
-                options.setdefault(key, value if key != "dbname" else _unquote(str(value)))
+            if value in (None, ""):
+                continue
+            if isinstance(value, str):
+                if key == "password" and value != _unquote(value):
+                    remember_secret(value)  # its encoded form is a secret too
+                value = _unquote(value)
+            options.setdefault(key, value)
         if url.path.count("/") > 1:
             raise ValueError(
                 "a postgresql URL names one database: postgresql://host/dbname?queue=NAME"
@@ -1502,23 +1510,18 @@ class PostgresqlDriver(Driver):
             return ErrorCode.UNAVAILABLE
         if isinstance(exc, psycopg.Error):
             state = exc.sqlstate or ""
-            if state in ("28P01", "28000"):
-                return ErrorCode.UNAUTHENTICATED
-            if state == "42501":
-                return ErrorCode.UNAUTHENTICATED  # insufficient privilege
-            if state in ("3F000", "42P01"):
-                return ErrorCode.QUEUE_NOT_FOUND  # the schema or a table was dropped
-            if state == "54000":
-                return ErrorCode.TOO_LARGE
+            if state[:2] == "28":
+                return ErrorCode.UNAUTHENTICATED  # invalid_authorization_specification
+            if state in _FINAL_STATES:
+                return _FINAL_STATES[state]
             if state == "57014":
                 return ErrorCode.UNAVAILABLE  # cancelled: statement_timeout (the deadline)
             if _retryable(exc):
                 return ErrorCode.UNAVAILABLE
             if isinstance(exc, psycopg.OperationalError):
-                text = str(exc).lower()
-                if "password authentication failed" in text or "no password supplied" in text:
-                    return ErrorCode.UNAUTHENTICATED
-                return ErrorCode.UNAVAILABLE
+                # A failed connection has no SQLSTATE: its words tell a refused
+                # database, role or parameter (final) from a network failure.
+                return _connect_failure(exc) or ErrorCode.UNAVAILABLE
         return ErrorCode.UNKNOWN
 
     def backend_code(self, exc: BaseException) -> str | None:
@@ -1539,13 +1542,55 @@ class PostgresqlDriver(Driver):
             if exc.sqlstate in ("28P01", "28000", "57014"):
                 return False
             return _retryable(exc) or (
-                isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None
+                isinstance(exc, psycopg.OperationalError)
+                and exc.sqlstate is None
+                and _connect_failure(exc) is None
             )
         return False
 
     def close(self) -> None:
         """Close the pool (a sibling shares it; closing either closes it)."""
         self._shared.close()
+
+
+#: What a failed connection's message (libpq gives it no SQLSTATE) says that no
+#: retry mends, and what it means: libpq refusing a parameter, the server
+#: refusing the database, role, password or a setting. English server messages
+#: only (``lc_messages``): a server speaking another language still reads as
+#: unreachable, and is retried.
+_CONNECT_FAILURES: tuple[tuple[tuple[str, ...], ErrorCode], ...] = (
+    (("connection is bad: ",), ErrorCode.INVALID_ARGUMENT),  # libpq refused a parameter
+    (("FATAL:  database ", "does not exist"), ErrorCode.QUEUE_NOT_FOUND),  # 3D000
+    (("password authentication failed",), ErrorCode.UNAUTHENTICATED),  # 28P01
+    (("no password supplied",), ErrorCode.UNAUTHENTICATED),
+    (("no pg_hba.conf entry",), ErrorCode.UNAUTHENTICATED),  # 28000
+    (("FATAL:  role ", "does not exist"), ErrorCode.UNAUTHENTICATED),  # 28000
+    (("is not permitted to log in",), ErrorCode.UNAUTHENTICATED),  # 28000
+    (("permission denied for database",), ErrorCode.UNAUTHENTICATED),  # 42501
+    (("FATAL:  unrecognized configuration parameter",), ErrorCode.INVALID_ARGUMENT),  # 42704
+    (("FATAL:  invalid value for parameter",), ErrorCode.INVALID_ARGUMENT),  # 22023
+    (("SSL was required",), ErrorCode.INVALID_ARGUMENT),  # the server has no SSL
+)
+
+#: SQLSTATEs (and classes) of errors no retry mends, where psycopg has one.
+_FINAL_STATES: dict[str, ErrorCode] = {
+    "3D000": ErrorCode.QUEUE_NOT_FOUND,  # invalid_catalog_name: no such database
+    "3F000": ErrorCode.QUEUE_NOT_FOUND,  # invalid_schema_name
+    "42P01": ErrorCode.QUEUE_NOT_FOUND,  # undefined_table: a table was dropped
+    "42501": ErrorCode.UNAUTHENTICATED,  # insufficient_privilege
+    "42704": ErrorCode.INVALID_ARGUMENT,  # undefined_object (a setting)
+    "22023": ErrorCode.INVALID_ARGUMENT,  # invalid_parameter_value
+    "54000": ErrorCode.TOO_LARGE,  # program_limit_exceeded (a field over 1 GB)
+}
+
+
+def _connect_failure(exc: BaseException) -> ErrorCode | None:
+    """What a failed connection (no SQLSTATE) means when no retry mends it; else ``None``."""
+    text = str(exc)
+    for fragments, code in _CONNECT_FAILURES:
+        if all(words in text for words in fragments):
+            return code
+    return None
 
 
 def _retryable(exc: psycopg.Error) -> bool:
@@ -1592,6 +1637,7 @@ def _conninfo(dsn: str, libpq: Mapping[str, str | int]) -> tuple[str, dict[str, 
         found = merged.get(secret)
         if isinstance(found, str) and found:
             remember_secret(found)
+    _check_values(merged)
     merged.setdefault("connect_timeout", str(CONNECT_TIMEOUT))
     merged.setdefault("application_name", "leasekit")
     # Autocommit: a call of one statement is one round trip (no COMMIT after it);
@@ -1601,6 +1647,72 @@ def _conninfo(dsn: str, libpq: Mapping[str, str | int]) -> tuple[str, dict[str, 
         if merged.get(secret) is not None:
             kwargs[secret] = merged.pop(secret)
     return _make_conninfo(merged), kwargs
+
+
+#: Where :func:`_check_values` points libpq instead of the server: a Unix socket
+#: directory that does not exist, so the check connects nowhere.
+_NOWHERE = "/nonexistent-leasekit-check"
+#: libpq options whose integer value libpq checks only once a TCP connection is
+#: made (the others, ``port`` and the enumerations, it checks before connecting).
+_INTEGER_OPTIONS = (
+    "connect_timeout",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_count",
+    "tcp_user_timeout",
+)
+
+
+def _check_values(params: Mapping[str, Any]) -> None:
+    """Have libpq check the parameters' values now, connecting nowhere; else ``InvalidURL``.
+
+    libpq checks a value (``sslmode=bogus``, a port that is no number, a
+    ``service`` not defined...) only when a connection starts, and then the
+    failure reads like any failed connection, which would be retried without
+    end. So a connection is started here with every host replaced by a Unix
+    socket in a directory that does not exist (and ``hostaddr`` emptied): libpq
+    checks every option first and fails on the missing socket, without any
+    network I/O, when the options are good. Its message names the option and
+    the value it refused (never a password: libpq checks none).
+    """
+    import ipaddress
+
+    from psycopg import pq
+
+    def listed(key: str, env: str) -> list[str]:
+        value = params.get(key)
+        text = str(value) if value not in (None, "") else os.environ.get(env, "")
+        return text.split(",") if text else []
+
+    for key in _INTEGER_OPTIONS:
+        value = params.get(key)
+        if value is not None and not re.fullmatch(r"\s*[+-]?[0-9]+\s*", str(value)):
+            raise InvalidURL(f"postgresql: {key} must be a whole number, not {value!r}")
+    hostaddrs = listed("hostaddr", "PGHOSTADDR")
+    for address in hostaddrs:
+        if address:
+            try:
+                ipaddress.ip_address(address)
+            except ValueError:
+                raise InvalidURL(f"postgresql: hostaddr {address!r} is not an IP address") from None
+    hosts = max(len(listed("host", "PGHOST")), len(hostaddrs), 1)
+    probe = {k: v for k, v in params.items() if v is not None}
+    probe["host"] = ",".join([_NOWHERE] * hosts)
+    probe["hostaddr"] = ""
+    if probe.get("gssencmode") == "require":  # GSSAPI cannot run over a Unix socket
+        probe["gssencmode"] = "prefer"
+    conn = pq.PGconn.connect_start(_make_conninfo(probe).encode())
+    try:
+        if conn.status == pq.ConnStatus.OK:  # pragma: no cover (nothing listens there)
+            return
+        text = conn.error_message.decode("utf-8", "replace")
+    finally:
+        conn.finish()
+    if _NOWHERE in text:
+        return  # every option was accepted: only the (missing) socket failed
+    first = text.strip().splitlines()[0] if text.strip() else "refused"
+    raise InvalidURL(f"postgresql: a connection parameter is refused: {first}")
 
 
 def _make_conninfo(params: Mapping[str, Any]) -> str:
