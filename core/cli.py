@@ -520,6 +520,14 @@ def consume(
         str, typer.Option(metavar="HOST", help="Health address (0.0.0.0: reachable outside).")
     ] = "127.0.0.1",
     create: Annotated[bool, typer.Option("--create", help="Create the queue if missing.")] = False,
+    report_leases: Annotated[
+        bool,
+        typer.Option(
+            "--report-leases",
+            help="Also serve GET /leases on the health port for 'leasekit dashboard' "
+            "(ids and timings only).",
+        ),
+    ] = False,
     option: OptionList = None,
 ) -> None:
     """Run a worker on a queue: lease, keep alive, handle, settle.
@@ -530,6 +538,8 @@ def consume(
     """
 
     def go() -> ConsumerStats:
+        if report_leases and health_port is None:
+            raise errors.InvalidArgument("--report-leases needs --health-port")
         function = _load_handler(handler)
         options = _parse_options(option)
         settings: dict[str, Any] = {
@@ -542,7 +552,9 @@ def consume(
             return asyncio.run(_consume_async(url, function, options, settings))
         with open_queue(url, create=create, **options) as queue:
             consumer = Consumer(queue, function, **settings)
-            with _health_endpoint(consumer, health_host, health_port, queue.name, handler):
+            with _health_endpoint(
+                consumer, health_host, health_port, queue.name, handler, report_leases
+            ):
                 return consumer.run(until_idle=until_idle)
 
     async def _consume_async(
@@ -552,7 +564,9 @@ def consume(
 
         async with aio.open(url, create=create, **options) as queue:
             consumer = aio.AsyncConsumer(queue, function, **settings)
-            with _health_endpoint(consumer, health_host, health_port, queue.name, handler):
+            with _health_endpoint(
+                consumer, health_host, health_port, queue.name, handler, report_leases
+            ):
                 return await consumer.run(until_idle=until_idle)
 
     stats = _run(go)
@@ -567,16 +581,39 @@ def consume(
 
 @contextlib.contextmanager
 def _health_endpoint(
-    consumer: Any, host: str, port: int | None, queue: str, handler: str
+    consumer: Any,
+    host: str,
+    port: int | None,
+    queue: str,
+    handler: str,
+    report_leases: bool = False,
 ) -> Iterator[None]:
-    """Serve ``consumer``'s health while the block runs (if a port is given); say so on stderr."""
+    """Serve ``consumer``'s health while the block runs (if a port is given); say so on stderr.
+
+    With ``report_leases``, ``/leases`` too (a :class:`~leasekit.lease_report.LeaseReporter`).
+    """
     err_console.print(f"consuming {queue!r} with {handler}", highlight=False)
     if port is None:
         yield
         return
-    with HealthServer(consumer, host=host, port=port) as server:
-        err_console.print(f"health: {server.url}/livez and {server.url}/readyz", highlight=False)
-        yield
+    reporter = None
+    if report_leases:
+        from .lease_report import LeaseReporter
+
+        reporter = LeaseReporter().install()
+    try:
+        leases = None if reporter is None else reporter.snapshot
+        with HealthServer(consumer, host=host, port=port, leases=leases) as server:
+            err_console.print(
+                f"health: {server.url}/livez and {server.url}/readyz"
+                + (f"; leases: {server.url}/leases" if reporter else ""),
+                highlight=False,
+                soft_wrap=True,
+            )
+            yield
+    finally:
+        if reporter is not None:
+            reporter.uninstall()
 
 
 def _load_handler(spec: str) -> Callable[..., Any]:
