@@ -8,7 +8,7 @@ the SDK used here). It is served at ``mns-open.<region>.aliyuncs.com`` — the S
 forms that host from the region — or at an endpoint given explicitly (the MNS
 emulator serves it on its own port).
 
-Only :mod:`leasekit.backends.aliyun_mns` uses this module, and only for ordered
+Only the MNS driver (:mod:`leasekit.backends.aliyun_mns`) uses this module, and only for ordered
 queues: creating one (``create=True``) and checking, once, that a queue opened
 as ordered is a FIFO queue. It translates; the errors it lets through are the
 SDK's (``AlibabaCloudException`` with MNS's ``code``, ``UnretryableException``
