@@ -936,7 +936,9 @@ class _Views:
 
 
 def _wants_json(request: Request) -> bool:
-    return request.url.path.rstrip("/").split("/")[-1] != "" and "/api/" in request.url.path
+    """Whether the request is the JSON API's (its errors are JSON too)."""
+    root = request.scope.get("root_path", "")
+    return request.url.path[len(root) :].startswith("/api/")
 
 
 def _redrive_why_not(queue: Queue) -> str | None:

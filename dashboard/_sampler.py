@@ -50,6 +50,10 @@ CONSUMER_TIMEOUT = 2.0
 MAX_REPORT = 4 * 1024 * 1024
 
 
+#: Consumers are reached directly, never through an HTTP(S)_PROXY from the environment.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 @dataclass(frozen=True)
 class Sample:
     """A queue's counts at one moment (wall-clock seconds)."""
@@ -101,7 +105,7 @@ class ConsumerSource:
         """Read the consumer's report now."""
         request = urllib.request.Request(self.url, headers={"Accept": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=CONSUMER_TIMEOUT) as response:
+            with _DIRECT.open(request, timeout=CONSUMER_TIMEOUT) as response:
                 data = json.loads(response.read(MAX_REPORT))
             if not isinstance(data, dict) or not isinstance(data.get("leases"), list):
                 raise ValueError("not a lease report")

@@ -428,3 +428,57 @@ def test_the_cli_refuses_no_token_on_another_address(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "--no-token is refused" in result.stderr
+
+
+def test_requests_beyond_max_connections_get_a_503() -> None:
+    import asyncio
+
+    from leasekit.dashboard._guard import Guard, Settings
+
+    release = asyncio.Event()
+
+    async def slow(scope, receive, send) -> None:
+        await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    settings = Settings(
+        secret=b"k" * 32,
+        token=None,
+        read_only=False,
+        allowed_hosts=["testserver"],
+        access=None,
+        max_connections=2,
+    )
+    guard = Guard(slow, settings)
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": "/",
+        "query_string": b"",
+        "headers": [(b"host", b"testserver")],
+    }
+
+    async def request() -> int:
+        sent: list[dict] = []
+
+        async def receive() -> dict:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        await guard(dict(scope), receive, send)
+        return sent[0]["status"]
+
+    async def main() -> list[int]:
+        first = asyncio.create_task(request())
+        second = asyncio.create_task(request())
+        while guard.active < 2:  # both slow ones have their place
+            await asyncio.sleep(0)
+        third = await request()
+        release.set()
+        return [await first, await second, third]
+
+    assert asyncio.run(main()) == [200, 200, 503]
+    assert guard.active == 0
