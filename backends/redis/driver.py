@@ -73,8 +73,17 @@ DEFAULT_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 5.0
 #: Largest body Redis can hold in one string (512 MB).
 MAX_STRING = 512 * 1024 * 1024
+#: How often (ms) a receive whose batch new entries fill looks for lapsed leases
+#: anyway (one that comes up short always looks): under load a lapsed lease is
+#: back within this long, and a busy receive skips the pending-list scan.
+RECLAIM_EVERY_MS = 100
 #: A receipt: ``entry id/delivery count/consumer``.
 _RECEIPT = re.compile(r"([0-9]{1,20}-[0-9]{1,20})/([0-9]{1,10})/(lk-[A-Za-z0-9_.-]{1,80})")
+#: Receipts joined by newlines, checked in one match.
+_RECEIPTS = re.compile(
+    r"[0-9]{1,20}-[0-9]{1,20}/[0-9]{1,10}/lk-[A-Za-z0-9_.-]{1,80}"
+    r"(?:\n[0-9]{1,20}-[0-9]{1,20}/[0-9]{1,10}/lk-[A-Za-z0-9_.-]{1,80})*"
+)
 #: Queue names: no braces (they would break the hash tag), no spaces or controls.
 _QUEUE_NAME = re.compile(r"[^{}\s\x00-\x1f\x7f]{1,200}")
 #: Errors a retry may cure (the server's own words, as the reply's first word).
@@ -347,7 +356,7 @@ class RedisDriver(Driver):
     def receive(self, max_messages: int, visibility: float, wait: float) -> list[RawMessage]:
         """Take back lapsed leases, then read new entries; lease each for ``visibility``."""
         start = time.time()
-        rows = self._run(
+        blob: bytes = self._run(
             scripts.RECEIVE,
             [
                 GROUP,
@@ -356,29 +365,26 @@ class RedisDriver(Driver):
                 THRESHOLD_MS - _ms(visibility),
                 THRESHOLD_MS,
                 CHORES,
+                RECLAIM_EVERY_MS,
             ],
         )
         until = to_datetime(start + visibility)
-        return [self._message(row, until) for row in rows]
+        return [self._message(row, until) for row in _rows(blob)]
 
-    def _message(self, row: list[Any], until: datetime) -> RawMessage:
-        entry, count, flat, checkpoint = row
-        entry = _text(entry)
-        fields = {_text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
-        body = fields.get("b", b"")
-        props = fields.get("p")
-        sent = fields.get("t")
-        enqueued_ms = int(sent) if sent is not None else int(entry.partition("-")[0])
+    def _message(self, row: _Row, until: datetime) -> RawMessage:
+        """One message from a row of the receive script's reply."""
+        entry, count, message_id, sent, _dead_count, body, props, checkpoint, _reason = row
+        enqueued_ms = int(sent) if sent != "-" else int(entry.partition("-")[0])
         return received(
-            _text(fields.get("i", entry)),
-            bytes(body),
-            f"{entry}/{int(count)}/{self._consumer}",
+            entry if message_id == "-" else message_id,
+            body,
+            f"{entry}/{count}/{self._consumer}",
             int(count),
             to_datetime(enqueued_ms / 1000),
             until,
             json.loads(props) if props else {},
             None,
-            bytes(checkpoint) if checkpoint else None,
+            checkpoint,
             None,
         )
 
@@ -389,20 +395,26 @@ class RedisDriver(Driver):
         head: Sequence[Any],
         ok: Callable[[str], T],
     ) -> list[T | BaseException]:
-        """Run a fenced script on every well-formed receipt; ``ok(receipt)`` where it acted."""
-        parsed = [_parse(r) for r in receipts]
-        args: list[Any] = [GROUP, *head]
-        for p in parsed:
-            if p is not None:
-                args += p
-        done = iter(self._run(script, args) if len(args) > len(head) + 1 else [])
-        results: list[T | BaseException] = []
-        for receipt, p in zip(receipts, parsed, strict=True):
-            if p is not None and next(done) == 1:
-                results.append(ok(receipt))
-            else:
-                results.append(_lost(receipt))
-        return results
+        """Run a fenced script on the well-formed receipts (one text); ``ok(receipt)`` where done.
+
+        A malformed receipt is lost without being sent; the batch's receipts go
+        as one argument (one join and one regular-expression match when all are
+        well formed), and the script answers one character per receipt sent.
+        """
+        try:
+            text = "\n".join(receipts)
+        except TypeError:
+            text = ""
+        if text.count("\n") == len(receipts) - 1 and _RECEIPTS.fullmatch(text) is not None:
+            sent = receipts
+        else:
+            sent = [r for r in receipts if _parse(r) is not None]
+            text = "\n".join(sent)
+        flags = self._run(script, [GROUP, *head, text]) if sent else b""
+        done = {r for r, flag in zip(sent, flags, strict=True) if flag == ord("1")}
+        if len(done) == len(receipts):
+            return [ok(r) for r in receipts]
+        return [ok(r) if r in done else _lost(r) for r in receipts]
 
     def change_visibility(
         self, receipts: Sequence[str], seconds: float
@@ -585,21 +597,22 @@ class RedisDeadLetters(RedisDriver):
         error = DriverError(ErrorCode.UNSUPPORTED, "redis: cannot send to a dead-letter store")
         return [error for _ in messages]
 
-    def _message(self, row: list[Any], until: datetime) -> RawMessage:
+    def _message(self, row: _Row, until: datetime) -> RawMessage:
+        """A dead letter as a message: its own properties plus core's dead-letter marks."""
         message = super()._message(row, until)
-        letter = _dead_letter(_text(row[0]), {_text(k): v for k, v in _pairs(row[2])})
+        entry, dead_count, reason = row[0], row[4], row[8]
         return received(
-            letter.id,
+            message.id,
             message.body,
             message.receipt,
             message.delivery_count,
-            to_datetime(int(_text(row[0]).partition("-")[0]) / 1000),
+            to_datetime(int(entry.partition("-")[0]) / 1000),
             until,
             marks.marked(
-                dict(letter.properties),
-                id=letter.id,
-                reason=letter.reason,
-                delivery_count=letter.delivery_count,
+                dict(message.properties),
+                id=message.id,
+                reason=reason,
+                delivery_count=None if dead_count == "-" else int(dead_count),
             ),
         )
 
@@ -608,14 +621,52 @@ class RedisDeadLetters(RedisDriver):
         raise DriverError(ErrorCode.UNSUPPORTED, "redis: a dead letter cannot be dead-lettered")
 
 
+#: One message of the receive script's reply: entry id, delivery count, message
+#: id and send time (``-``: the entry's own), a dead letter's delivery count
+#: (``-``: none), body, properties, checkpoint and a dead letter's reason
+#: (``None`` where missing).
+_Row = tuple[str, str, str, str, str, bytes, bytes | None, bytes | None, str | None]
+
+
+def _rows(blob: bytes) -> list[_Row]:
+    """The receive script's reply (see :data:`scripts.RECEIVE`) as rows."""
+    rows: list[_Row] = []
+    pos, end = 0, len(blob)
+    while pos < end:
+        line = blob.index(b"\n", pos)
+        entry, count, mid, sent, dcount, nb, np, nc, nr = blob[pos:line].decode().split(" ")
+        pos = line + 1
+        body = blob[pos : pos + int(nb)]
+        pos += len(body)
+        parts: list[bytes | None] = []
+        for n in (np, nc, nr):
+            size = int(n)
+            if size < 0:
+                parts.append(None)
+            else:
+                parts.append(blob[pos : pos + size])
+                pos += size
+        props, checkpoint, reason = parts
+        rows.append(
+            (
+                entry,
+                count,
+                mid,
+                sent,
+                dcount,
+                body,
+                props,
+                checkpoint,
+                None if reason is None else reason.decode(),
+            )
+        )
+    return rows
+
+
 def _keys(base: str, kind: str) -> tuple[str, ...]:
     """The seven keys of a queue (``kind=""``) or of its dead letters (``"dead-"``)."""
     names = ("messages", "delayed", "delayed-data", "checkpoints", "expiry", "cursor")
     return (*(f"{base}:{kind}{name}" for name in names), f"{base}:dead-messages")
-
-
-def _pairs(flat: Sequence[Any]) -> list[tuple[Any, Any]]:
-    return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
 
 
 def _dead_letter(entry: Any, fields: dict[Any, Any]) -> DeadLetter:

@@ -19,7 +19,8 @@ Keys (all under one ``{hash tag}``, so a cluster keeps a queue on one slot):
 ``KEYS[1]`` the stream, ``KEYS[2]`` the delayed set (score: due time, ms),
 ``KEYS[3]`` the delayed messages' data (a hash), ``KEYS[4]`` the checkpoints
 (a hash by entry id), ``KEYS[5]`` the time-to-live set (score: end, ms),
-``KEYS[6]`` the reclaim cursor, ``KEYS[7]`` the dead-letter stream.
+``KEYS[6]`` the reclaim cursor and when it last moved (a hash), ``KEYS[7]``
+the dead-letter stream.
 """
 
 from __future__ import annotations
@@ -59,6 +60,79 @@ local function held(s, g, ttl, id, owner, count, now)
     if ends and tonumber(ends) <= now then return false end
   end
   return true
+end
+local function fence(s, g, life, text, now)
+  -- One XPENDING per owner over the range of the batch's ids (a receive's batch
+  -- is a run of ids), then one per entry only where that range held more.
+  local recs, spans = {}, {}
+  for id, count, owner in string.gmatch(text, '([^/\\n]+)/([^/\\n]+)/([^\\n]+)') do
+    recs[#recs + 1] = {id, tonumber(count), owner}
+    local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+    ms, seq = tonumber(ms), tonumber(seq)
+    local span = spans[owner]
+    if not span then
+      span = {n = 0, lm = ms, ls = seq, lo = id, hm = ms, hs = seq, hi = id}
+      spans[owner] = span
+    end
+    span.n = span.n + 1
+    if ms < span.lm or (ms == span.lm and seq < span.ls) then
+      span.lm, span.ls, span.lo = ms, seq, id
+    end
+    if ms > span.hm or (ms == span.hm and seq > span.hs) then
+      span.hm, span.hs, span.hi = ms, seq, id
+    end
+  end
+  local counts, whole = {}, {}
+  for owner, span in pairs(spans) do
+    local limit = span.n * 2 + 8
+    local rows = redis.call('XPENDING', s, g, span.lo, span.hi, limit, owner)
+    for _, p in ipairs(rows) do counts[owner .. ' ' .. p[1]] = p[4] end
+    whole[owner] = #rows < limit
+  end
+  local ids, owners, flags = {}, {}, {}
+  for _, r in ipairs(recs) do
+    local id, count, owner = r[1], r[2], r[3]
+    local c = counts[owner .. ' ' .. id]
+    if c == nil and not whole[owner] then
+      local p = redis.call('XPENDING', s, g, id, id, 1)[1]
+      if p and p[2] == owner then c = p[4] end
+    end
+    local ok = c == count
+    if ok and life then
+      local ends = redis.call('ZSCORE', life, id)
+      ok = not (ends and tonumber(ends) <= now)
+    end
+    if ok then
+      ids[#ids + 1] = id
+      owners[#ids] = owner
+      flags[#flags + 1] = '1'
+    else
+      flags[#flags + 1] = '0'
+    end
+  end
+  return ids, owners, table.concat(flags)
+end
+local function claim(s, g, ids, owners, idle, to)
+  local by = {}
+  for i, id in ipairs(ids) do
+    local o = to or owners[i]
+    local list = by[o]
+    if not list then
+      list = {'XCLAIM', s, g, o, 0}
+      by[o] = list
+    end
+    list[#list + 1] = id
+  end
+  for _, list in pairs(by) do
+    list[#list + 1] = 'IDLE'
+    list[#list + 1] = idle
+    list[#list + 1] = 'JUSTID'
+    redis.call(unpack(list))
+  end
+end
+local function lives(ttl)
+  if redis.call('EXISTS', ttl) == 1 then return ttl end
+  return nil
 end
 local function drop(s, g, cp, ttl, id)
   redis.call('XACK', s, g, id)
@@ -105,9 +179,14 @@ return out
 )
 
 #: ARGV: group, consumer, max, idle (threshold - lease, ms), threshold (ms),
-#: most delayed messages to move and expired ones to drop per call.
-#: Returns ``{entry id, delivery count, fields, checkpoint or false}`` per
-#: message: reclaimed ones (lapsed leases, abandoned messages) first, then new.
+#: most delayed messages to move and expired ones to drop per call, how often
+#: (ms) a receive that fills its batch with new entries looks for lapsed ones.
+#: Returns one string (a client parses one bulk string much faster than an
+#: array of them): per message a header line ``entry count id sent dcount
+#: len(body) len(props) len(checkpoint) len(reason)`` (``id``/``sent``: a
+#: delayed message's own id and send time; ``dcount``/reason: a dead letter's;
+#: ``-`` or -1 where missing), then the body, properties, checkpoint and reason.
+#: Reclaimed messages (lapsed leases, abandoned ones) come first, then new.
 RECEIVE = (
     _PRELUDE
     + """
@@ -136,23 +215,31 @@ end
 -- Messages whose time-to-live passed go, leased or not.
 local gone = redis.call('ZRANGEBYSCORE', ttl, '-inf', now, 'LIMIT', 0, chores)
 for _, id in ipairs(gone) do drop(s, g, cp, ttl, id) end
--- Lapsed leases (idle reached the threshold), from the kept cursor, wrapping once.
-local taken = {}
-local cursor = redis.call('GET', cursor_key) or '0-0'
-local start = cursor
-for pass = 1, 2 do
-  local r = redis.call('XAUTOCLAIM', s, g, me, threshold, cursor, 'COUNT', want - #taken)
-  cursor = r[1]
-  for _, e in ipairs(r[2]) do
-    if e then taken[#taken + 1] = e end
+-- Lapsed leases (idle reached the threshold), from the kept cursor, wrapping
+-- once: at most every ARGV[7] ms, and whenever new entries do not fill the batch.
+local taken, counts = {}, {}
+local function reclaim()
+  local cursor = redis.call('HGET', cursor_key, 'cursor') or '0-0'
+  local start = cursor
+  local first = #taken + 1
+  for pass = 1, 2 do
+    local r = redis.call('XAUTOCLAIM', s, g, me, threshold, cursor, 'COUNT', want - #taken)
+    cursor = r[1]
+    for _, e in ipairs(r[2]) do
+      if e then taken[#taken + 1] = e end
+    end
+    if #taken >= want or cursor ~= '0-0' or start == '0-0' then break end
+    start = '0-0'
   end
-  if #taken >= want or cursor ~= '0-0' or start == '0-0' then break end
-  start = '0-0'
+  redis.call('HSET', cursor_key, 'cursor', cursor, 'at', now)
+  for i = first, #taken do
+    counts[i] = redis.call('XPENDING', s, g, taken[i][1], taken[i][1], 1)[1][4]
+  end
 end
-redis.call('SET', cursor_key, cursor)
-local counts = {}
-for i, e in ipairs(taken) do
-  counts[i] = redis.call('XPENDING', s, g, e[1], e[1], 1)[1][4]
+local reclaimed = false
+if now - tonumber(redis.call('HGET', cursor_key, 'at') or '0') >= tonumber(ARGV[7]) then
+  reclaim()
+  reclaimed = true
 end
 if #taken < want then
   local r = redis.call('XREADGROUP', 'GROUP', g, me, 'COUNT', want - #taken, 'STREAMS', s, '>')
@@ -163,28 +250,52 @@ if #taken < want then
     end
   end
 end
-if #taken == 0 then return {} end
-local ids, claim = {}, {'XCLAIM', s, g, me, 0}
+if #taken < want and not reclaimed then reclaim() end
+if #taken == 0 then return '' end
+local ids, args = {}, {'XCLAIM', s, g, me, 0}
 for i, e in ipairs(taken) do
   ids[i] = e[1]
-  claim[#claim + 1] = e[1]
+  args[#args + 1] = e[1]
 end
-claim[#claim + 1] = 'IDLE'
-claim[#claim + 1] = idle
-claim[#claim + 1] = 'JUSTID'
-redis.call(unpack(claim))
-local points = redis.call('HMGET', cp, unpack(ids))
+args[#args + 1] = 'IDLE'
+args[#args + 1] = idle
+args[#args + 1] = 'JUSTID'
+redis.call(unpack(args))
+local points = {}
+if redis.call('EXISTS', cp) == 1 then points = redis.call('HMGET', cp, unpack(ids)) end
 local out = {}
 for i, e in ipairs(taken) do
-  out[i] = {e[1], counts[i], e[2], points[i]}
+  local body, props, mid, sent, point, reason, dcount = '', nil, '-', '-', points[i], nil, '-'
+  local f = e[2]
+  for j = 1, #f, 2 do
+    local k = f[j]
+    if k == 'b' then body = f[j + 1]
+    elseif k == 'p' then props = f[j + 1]
+    elseif k == 'i' then mid = f[j + 1]
+    elseif k == 't' then sent = f[j + 1]
+    elseif k == 'r' then reason = f[j + 1]
+    elseif k == 'c' then dcount = f[j + 1]
+    end
+  end
+  out[#out + 1] = table.concat({
+    e[1], counts[i], mid, sent, dcount, #body, props and #props or -1,
+    point and #point or -1, reason and #reason or -1,
+  }, ' ')
+  out[#out + 1] = '\\n'
+  out[#out + 1] = body
+  if props then out[#out + 1] = props end
+  if point then out[#out + 1] = point end
+  if reason then out[#out + 1] = reason end
 end
-return out
+return table.concat(out)
 """
 )
 
-# Every fenced script below takes ARGV: group, an operation's own value, then
-# per receipt ``id, owner, count`` (CHECKPOINT adds the data); returns 1 (done)
-# or 0 (stale, gone or expired) per receipt. XCLAIM IDLE JUSTID sets the idle
+# Every fenced script below takes ARGV: group, the operation's own values, then
+# the receipts as one text (``id/count/owner`` lines; the client checked their
+# form), and returns one character per receipt: ``1`` (done) or ``0`` (stale,
+# gone or expired). The held entries are then acted on together: one XCLAIM
+# per owner, one XACK and one XDEL per batch. XCLAIM IDLE JUSTID sets the idle
 # time (the lease) without counting a delivery.
 
 #: ARGV[2]: the idle time that ends the lease when wanted (ms).
@@ -194,17 +305,9 @@ RENEW = (
 local s, ttl = KEYS[1], KEYS[5]
 local err = stream_or_error(s)
 if err then return err end
-local g, idle, now, out = ARGV[1], ARGV[2], now_ms(), {}
-for i = 3, #ARGV, 3 do
-  local id, owner = ARGV[i], ARGV[i + 1]
-  if held(s, g, ttl, id, owner, ARGV[i + 2], now) then
-    redis.call('XCLAIM', s, g, owner, 0, id, 'IDLE', idle, 'JUSTID')
-    out[#out + 1] = 1
-  else
-    out[#out + 1] = 0
-  end
-end
-return out
+local ids, owners, flags = fence(s, ARGV[1], lives(ttl), ARGV[3], now_ms())
+claim(s, ARGV[1], ids, owners, ARGV[2], nil)
+return flags
 """
 )
 
@@ -216,17 +319,9 @@ ABANDON = (
 local s, ttl = KEYS[1], KEYS[5]
 local err = stream_or_error(s)
 if err then return err end
-local g, parked, idle, now, out = ARGV[1], ARGV[2], ARGV[3], now_ms(), {}
-for i = 4, #ARGV, 3 do
-  local id = ARGV[i]
-  if held(s, g, ttl, id, ARGV[i + 1], ARGV[i + 2], now) then
-    redis.call('XCLAIM', s, g, parked, 0, id, 'IDLE', idle, 'JUSTID')
-    out[#out + 1] = 1
-  else
-    out[#out + 1] = 0
-  end
-end
-return out
+local ids, owners, flags = fence(s, ARGV[1], lives(ttl), ARGV[4], now_ms())
+claim(s, ARGV[1], ids, owners, ARGV[3], ARGV[2])
+return flags
 """
 )
 
@@ -237,23 +332,19 @@ COMPLETE = (
 local s, cp, ttl = KEYS[1], KEYS[4], KEYS[5]
 local err = stream_or_error(s)
 if err then return err end
-local g, ackdel, now, out = ARGV[1], ARGV[2] == '1', now_ms(), {}
-for i = 3, #ARGV, 3 do
-  local id = ARGV[i]
-  if held(s, g, ttl, id, ARGV[i + 1], ARGV[i + 2], now) then
-    if ackdel then
-      redis.call('XACKDEL', s, g, 'IDS', 1, id)
-      redis.call('HDEL', cp, id)
-      redis.call('ZREM', ttl, id)
-    else
-      drop(s, g, cp, ttl, id)
-    end
-    out[#out + 1] = 1
+local g, life = ARGV[1], lives(ttl)
+local ids, owners, flags = fence(s, g, life, ARGV[3], now_ms())
+if #ids > 0 then
+  if ARGV[2] == '1' then
+    redis.call('XACKDEL', s, g, 'IDS', #ids, unpack(ids))
   else
-    out[#out + 1] = 0
+    redis.call('XACK', s, g, unpack(ids))
+    redis.call('XDEL', s, unpack(ids))
   end
+  if redis.call('EXISTS', cp) == 1 then redis.call('HDEL', cp, unpack(ids)) end
+  if life then redis.call('ZREM', ttl, unpack(ids)) end
 end
-return out
+return flags
 """
 )
 
@@ -265,9 +356,10 @@ local s, cp, ttl = KEYS[1], KEYS[4], KEYS[5]
 local err = stream_or_error(s)
 if err then return err end
 local g, idle, now, out = ARGV[1], ARGV[2], now_ms(), {}
+local life = lives(ttl)
 for i = 3, #ARGV, 4 do
   local id, owner = ARGV[i], ARGV[i + 1]
-  if held(s, g, ttl, id, owner, ARGV[i + 2], now) then
+  if held(s, g, life, id, owner, ARGV[i + 2], now) then
     redis.call('HSET', cp, id, ARGV[i + 3])
     redis.call('XCLAIM', s, g, owner, 0, id, 'IDLE', idle, 'JUSTID')
     out[#out + 1] = 1
