@@ -24,9 +24,11 @@ Contenders (each with its library's defaults, WAL journal in all three):
   ``synchronous=NORMAL``): one ``BEGIN IMMEDIATE`` transaction per batch that
   picks the next ``--batch`` visible rows and ``UPDATE … RETURNING`` gives each a
   fresh random receipt and a raised delivery count, then one transaction per
-  batch that ``DELETE``s each row fenced by its id and receipt (every delete
-  checked). No lease objects, no deadlines, no events: what any leased SQLite
-  queue has to ask of the database.
+  batch with one ``executemany`` of a ``DELETE`` fenced by each row's id and
+  receipt (the batch's total row count checked), as a careful engineer writes
+  it (issue 37; before, it deleted row by row in a Python loop, which made the
+  limit slower and the ratio look better). No lease objects, no deadlines, no
+  events: what any leased SQLite queue has to ask of the database.
 * ``litequeue`` — ``LiteQueue``: ``put`` per message (autocommit), ``pop`` x100
   (one ``IMMEDIATE`` transaction each), ``done`` x100 inside one
   ``transaction()``; ``synchronous=NORMAL``; done rows stay in the table.
@@ -175,9 +177,9 @@ def run_plain_sqlite(
             if not rows:
                 break
             conn.execute("BEGIN IMMEDIATE")
-            deleted = 0
-            for seq, _id, _body, _count, receipt in rows:
-                deleted += conn.execute(_PLAIN_DELETE, (seq, receipt, "bench")).rowcount
+            deleted = conn.executemany(
+                _PLAIN_DELETE, [(seq, receipt, "bench") for seq, _i, _b, _c, receipt in rows]
+            ).rowcount
             conn.execute("COMMIT")
             assert deleted == len(rows), (deleted, len(rows))
             done += len(rows)
@@ -303,7 +305,7 @@ CONTENDERS: dict[str, Runner] = {
         d, b, n, sync="NORMAL"
     ),
     "litequeue LiteQueue": run_litequeue,
-    "plain sqlite3 (UPDATE … RETURNING, fenced DELETE)": run_plain_sqlite,
+    "plain sqlite3 (UPDATE … RETURNING, executemany fenced DELETE)": run_plain_sqlite,
 }
 
 
