@@ -77,6 +77,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from leasekit import dead_letter_format as marks
 from leasekit.capabilities import Capabilities
 from leasekit.deadline import DeadlineExceeded, call_timeout
 from leasekit.errors import InvalidURL
@@ -163,7 +164,7 @@ _RETRYABLE_CLASSES = ("08", "53")
 # ----------------------------------------------------------------- schema
 
 #: The current schema version (the last migration's).
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: Migrations, in order: (version, statements). ``{s}`` is the schema. A queue
 #: made by one version opens in the next: the next version appends to this list,
@@ -231,6 +232,16 @@ MIGRATIONS: list[tuple[int, tuple[str, ...]]] = [
             "ALTER TABLE {s}.dead_letters ADD COLUMN grp text",
             """CREATE INDEX messages_group ON {s}.messages (queue_id, grp, seq)
                 WHERE grp IS NOT NULL""",
+        ),
+    ),
+    (
+        3,
+        (
+            # Re-driving: a dead letter is leased as a message is (hidden until
+            # visible_at, fenced by its token), so two re-drives never move the
+            # same one. NULL: never leased (visible). No row is rewritten.
+            "ALTER TABLE {s}.dead_letters ADD COLUMN visible_at timestamptz",
+            "ALTER TABLE {s}.dead_letters ADD COLUMN token bigint",
         ),
     ),
 ]
@@ -417,6 +428,40 @@ _STATS = (
 )
 
 
+#: Lease up to ``limit`` free dead letters of the queue, oldest first: each gets a
+#: new token (its receipt ``seq.token``) and is hidden until the lease ends.
+_RECEIVE_DEAD = (
+    "WITH picked AS (SELECT d.seq FROM {s}.dead_letters d WHERE d.queue_id = " + _QUEUE_ID + " "
+    "AND (d.visible_at IS NULL OR d.visible_at <= now()) ORDER BY d.seq "
+    "LIMIT %(limit)s FOR UPDATE SKIP LOCKED) "
+    "UPDATE {s}.dead_letters d SET visible_at = now() + make_interval(secs => %(seconds)s), "
+    "token = floor(random() * 9007199254740991)::bigint + 1 FROM picked WHERE d.seq = picked.seq "
+    "RETURNING d.seq, d.id::text, d.body, d.properties, d.delivery_count, d.reason, "
+    "d.dead_lettered_at, d.seq::text || '.' || d.token::text, d.visible_at, d.grp"
+)
+
+_HELD_DEAD = (
+    "FROM " + _PAIRS + " WHERE d.seq = r.seq AND d.token = r.token AND d.queue_id = " + _QUEUE_ID
+)
+
+_RENEW_DEAD = (
+    "UPDATE {s}.dead_letters d SET visible_at = now() + make_interval(secs => %(seconds)s) "
+    + _HELD_DEAD
+    + " RETURNING d.seq::text || '.' || d.token::text, d.visible_at"
+)
+
+_DELETE_DEAD = (
+    "DELETE FROM {s}.dead_letters d USING "
+    + _HELD_DEAD[5:]
+    + " RETURNING d.seq::text || '.' || d.token::text"
+)
+
+_ABANDON_DEAD = (
+    "UPDATE {s}.dead_letters d SET visible_at = now() + make_interval(secs => %(delay)s), "
+    "token = NULL " + _HELD_DEAD + " RETURNING d.seq::text || '.' || r.token::text"
+)
+
+
 @hookimpl
 def leasekit_add_backends() -> list[BackendSpec]:
     """Register ``postgresql`` and its alias ``postgres``."""
@@ -453,6 +498,7 @@ CAPABILITIES = Capabilities(
     max_send_delay=30 * DAY,
     max_ttl=3650 * DAY,
     supports_properties=True,
+    properties_hold_nul=False,  # text cannot hold U+0000 (core refuses it before a call)
     native_dead_letter=True,
     delivery_count=True,
     queue_stats=True,
@@ -1463,6 +1509,10 @@ class PostgresqlDriver(Driver):
         """Another queue in the same schema, on the same pool."""
         return PostgresqlDriver(queue=queue, schema=self.schema, _shared=self._shared)
 
+    def dead_letter_store(self) -> PostgresqlDeadLetters:
+        """The queue's dead letters, leased and deleted like messages (for re-driving)."""
+        return PostgresqlDeadLetters(queue=self.queue, schema=self.schema, _shared=self._shared)
+
     # ------------------------------------------------------------------ admin
 
     def create_queue(self) -> None:
@@ -1551,6 +1601,114 @@ class PostgresqlDriver(Driver):
     def close(self) -> None:
         """Close the pool (a sibling shares it; closing either closes it)."""
         self._shared.close()
+
+
+class PostgresqlDeadLetters(PostgresqlDriver):
+    """The dead letters of one PostgreSQL queue, as a driver: receive leases, delete removes.
+
+    What :meth:`PostgresqlDriver.dead_letter_store` returns. A dead letter's
+    lease lives in its row (``visible_at``, ``token``: schema version 3), so a
+    re-drive in another process or on another machine never takes the same
+    one, and a stale receipt settles nothing. It shares the queue's pool:
+    closing it leaves the pool to the queue. Sending is refused.
+    """
+
+    def __repr__(self) -> str:
+        return f"<PostgresqlDeadLetters {self._where} schema={self.schema!r} queue={self.queue!r}>"
+
+    def send(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
+        """Refused: dead letters come from dead-lettering."""
+        error = DriverError(ErrorCode.UNSUPPORTED, "postgresql: cannot send to a dead-letter store")
+        return [error for _ in messages]
+
+    def receive(self, max_messages: int, visibility: float, wait: float) -> list[RawMessage]:
+        """Lease up to ``max_messages`` free dead letters, oldest first, in one statement."""
+        params = {"queue": self.queue, "limit": max_messages, "seconds": float(visibility)}
+        with self._connection() as conn:
+            rows = conn.execute(self._q("receive_dead", _RECEIVE_DEAD), params).fetchall()
+            if not rows:
+                self._check_exists(conn)
+                return []
+        rows.sort(key=lambda row: row[0])
+        return [
+            RawMessage(
+                id=message_id,
+                body=bytes(body),
+                receipt=receipt,
+                delivery_count=1,
+                enqueued_at=dead_lettered_at,
+                visible_until=until,
+                properties=marks.marked(
+                    _props(props), id=message_id, reason=reason, delivery_count=count
+                ),
+                group=group,
+            )
+            for (
+                _,
+                message_id,
+                body,
+                props,
+                count,
+                reason,
+                dead_lettered_at,
+                receipt,
+                until,
+                group,
+            ) in rows
+        ]
+
+    def change_visibility(
+        self, receipts: Sequence[str], seconds: float
+    ) -> list[Visibility | BaseException]:
+        """Hide each leased dead letter for ``seconds`` from now (its receipt kept)."""
+        rows = self._each_dead("renew_dead", _RENEW_DEAD, receipts, {"seconds": float(seconds)})
+        until = dict(rows)
+        return [
+            Visibility(r, until[r]) if r in until else _lost(f"dead-letter receipt {r!r} is stale")
+            for r in receipts
+        ]
+
+    def delete(self, receipts: Sequence[str]) -> list[BaseException | None]:
+        """Remove the leased dead letters whose tokens match, in one statement."""
+        done = {row[0] for row in self._each_dead("delete_dead", _DELETE_DEAD, receipts, {})}
+        return _settled_dead(receipts, done)
+
+    def abandon(self, receipts: Sequence[str], delay: float) -> list[BaseException | None]:
+        """Give the leased dead letters back (visible after ``delay``); their receipts stop."""
+        params = {"delay": float(delay)}
+        done = {row[0] for row in self._each_dead("abandon_dead", _ABANDON_DEAD, receipts, params)}
+        return _settled_dead(receipts, done)
+
+    def _each_dead(
+        self, name: str, text: str, receipts: Sequence[str], extra: dict[str, Any]
+    ) -> list[tuple[Any, ...]]:
+        """Run one fenced statement over the well-formed receipts; the rows it returned."""
+        if not receipts:
+            return []
+        joined, _ = _joined(receipts)
+        rows: list[tuple[Any, ...]] = []
+        with self._connection() as conn:
+            if joined:
+                params = {"queue": self.queue, "receipts": joined, **extra}
+                rows = conn.execute(self._q(name, text), params).fetchall()
+            if len(rows) < len(receipts):
+                self._check_exists(conn)
+        return rows
+
+    def dead_letter(self, receipt: str, reason: str, message: RawMessage) -> None:
+        """Refused: a dead letter is dead-lettered already."""
+        raise NotImplementedError("a dead-letter store cannot dead-letter")
+
+    def dead_letter_store(self) -> PostgresqlDeadLetters:
+        """Refused: a dead-letter store has no dead letters of its own."""
+        raise NotImplementedError("a dead-letter store has no dead-letter store")
+
+    def close(self) -> None:
+        """Nothing: the pool is the queue's, closed with it."""
+
+
+def _settled_dead(receipts: Sequence[str], done: set[str]) -> list[BaseException | None]:
+    return [None if r in done else _lost(f"dead-letter receipt {r!r} is stale") for r in receipts]
 
 
 #: What a failed connection's message (libpq gives it no SQLSTATE) says that no
