@@ -164,6 +164,7 @@ import datetime
 import importlib.util
 import logging
 import re
+import socket
 import threading
 import time
 import uuid
@@ -343,19 +344,78 @@ class _Held:
     link: ReceiveLink = field(default_factory=lambda: ReceiveLink(-1))
 
 
+class _OpenGuard:
+    """Ends an SDK handler's open that is still running at its deadline.
+
+    The SDK bounds an open's waits for the CBS token and the link attach by the
+    timeout it is given, but not the connection's own open: pyamqp reads the
+    SASL handshake (and the protocol header) on a socket without a timeout, so
+    an open into a partition (a peer that accepts TCP and never answers) would
+    block for good. At the deadline this shuts the connection's socket down,
+    which makes that read fail at once (the SDK raises a connection error and
+    shuts the handler down; the next call opens a new connection).
+    """
+
+    def __init__(self, handler: Any, timeout: float) -> None:
+        self._handler = handler
+        self._lock = threading.Lock()
+        self._done = False
+        self.fired = False
+        self._timer = threading.Timer(max(timeout, 0.0), self._fire)
+        self._timer.name = "leasekit-sb-open-guard"
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self.fired = True
+            client = getattr(self._handler, "_handler", None)
+            sock = _socket_of(getattr(client, "_connection", None))
+            if sock is None:
+                return  # not connected yet: the SDK's connect has its own 1 s timeout
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._done = True
+        self._timer.cancel()
+
+
+def _socket_of(connection: Any) -> socket.socket | None:
+    """The socket of a pyamqp connection (``None`` if it has none, or is not pyamqp's)."""
+    transport = getattr(connection, "_transport", None)
+    sock = getattr(transport, "sock", None)
+    return sock if isinstance(sock, socket.socket) else None
+
+
 def _open_handler(handler: Any, timeout: float) -> None:
     """Open an SDK sender or receiver (a no-op while open) within ``timeout`` seconds.
 
     ``__enter__`` would open with the SDK's retries and its own ``try_timeout``;
-    ``_open(timeout)`` is the step it repeats, bounded by the time given.
+    ``_open(timeout)`` is the step it repeats, bounded by the time given, and
+    :class:`_OpenGuard` bounds the part the SDK does not (the connection's open).
     """
     opener = getattr(handler, "_open", None)
     if opener is None:
         handler.__enter__()
         return
+    if getattr(handler, "_running", False):
+        return  # open: nothing to do (the SDK's _open returns at once too)
+    guard = _OpenGuard(handler, timeout)
     try:
         opener(timeout)
     except Exception as exc:
+        guard.cancel()
+        if guard.fired:
+            raise DriverError(
+                ErrorCode.UNAVAILABLE,
+                f"azure-service-bus: no answer from the service within {timeout:.1f} s "
+                "while opening the connection",
+                backend_code="OperationTimeoutError",
+            ) from exc
         # What the SDK's retry loop does with an error of one attempt: the raw
         # AMQP error as the ServiceBusError it means, the handler shut down if
         # the connection is gone (the next call reconnects).
@@ -363,6 +423,8 @@ def _open_handler(handler: Any, timeout: float) -> None:
         if handle is None:
             raise
         raise handle(exc) from exc
+    finally:
+        guard.cancel()
 
 
 @contextlib.contextmanager
@@ -1196,7 +1258,8 @@ class ServiceBusDriver(Driver):
             self.queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER, prefetch_count=1, keep_alive=0
         )
         letters: list[DeadLetter] = []
-        with receiver:
+        with contextlib.closing(receiver):
+            _open_handler(receiver, self._left())
             while len(letters) < limit:
                 peeked = receiver.peek_messages(
                     max_message_count=limit - len(letters), timeout=self._left()

@@ -17,6 +17,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
 from _fixtures.fault_targets import FaultTarget
@@ -26,6 +27,7 @@ from leasekit import LeaseKeeper, LeaseLost, LeaseState, Queue
 
 #: pytest's ``record_property`` fixture: the numbers docs/reliability.md reports.
 RecordProperty = Callable[[str, object], None]
+T = TypeVar("T")
 #: How late (seconds after its deadline) a lease may be reported lost.
 LOST_WITHIN = 1.0
 #: The Consumer's physical lease in the outage scenarios: longer than a cut.
@@ -408,6 +410,95 @@ def test_consumer_stop_is_bounded_under_a_blackhole(
     # buffered leases are given back in one call bounded by 2 s; running handlers
     # get shutdown_grace (1 s), then their leases are given back in one more.
     bound = (1 + CALL_TIMEOUT) + 2 + 1 + 2 + BOUND_SLACK
+    assert took <= bound, f"run() returned {took:.1f} s after stop() (bound {bound:g} s)"
+    assert outcome and isinstance(outcome[0], leasekit.ConsumerStats), f"run() ended: {outcome}"
+
+
+def test_the_first_call_into_a_partition_ends_by_its_call_timeout(
+    fault_target: FaultTarget, record_property: RecordProperty
+) -> None:
+    """A handle opened during a blackhole: its first send and lease (the connection's
+    open, handshake and authentication included) end by call_timeout with
+    BackendUnavailable, and the same handle works once the partition ends."""
+    proxied, direct = fault_target.queues(lease=5, blackholed=True, call_timeout=CALL_TIMEOUT)
+    for name, call in (
+        ("send", lambda: proxied.send(b"into the partition")),
+        ("lease", lambda: proxied.lease(1, wait=0)),
+    ):
+        started = time.monotonic()
+        outcome = _within(call, CALL_TIMEOUT + BOUND_SLACK + 10, f"the first {name}")
+        took = time.monotonic() - started
+        record_property(f"first_{name}_in_partition_s", round(took, 2))
+        assert isinstance(outcome, leasekit.BackendUnavailable), f"{name} gave {outcome!r}"
+        assert took <= CALL_TIMEOUT + BOUND_SLACK, f"the first {name} took {took:.1f} s"
+    fault_target.proxy.pass_()
+    sent = _call_until_it_works(lambda: proxied.send(b"after the partition"), CALL_TIMEOUT * 5)
+    leases: list[leasekit.Lease] = []
+    deadline = time.monotonic() + 15
+    while not any(lz.message.id == sent for lz in leases) and time.monotonic() < deadline:
+        leases += _call_until_it_works(lambda: proxied.lease(10, wait=1), CALL_TIMEOUT * 5)
+    mine = [lz for lz in leases if lz.message.id == sent]
+    assert mine, "the handle did not lease the message it sent after the partition"
+    assert mine[0].message.body == b"after the partition"
+    assert proxied.complete_many(leases) == [None] * len(leases)
+    assert direct.lease(1, wait=1) == [], "a completed message came back"
+
+
+def _within(call: Callable[[], object], limit: float, what: str) -> object:
+    """What ``call()`` returned or raised, run on a thread; fail if it takes over ``limit``."""
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(limit)
+    if thread.is_alive():
+        pytest.fail(f"{what} did not return within {limit:g} s")
+    return outcome[0]
+
+
+def _call_until_it_works(call: Callable[[], T], within: float) -> T:
+    """``call()``, again after each BackendUnavailable (a connection the partition broke)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return call()
+        except leasekit.BackendUnavailable:
+            if time.monotonic() > deadline:
+                raise
+
+
+def test_a_consumer_started_in_a_partition_stops_within_a_bound(
+    fault_target: FaultTarget, record_property: RecordProperty
+) -> None:
+    """A worker started during an outage: stop() ends run() within its bound."""
+    proxied, _direct = fault_target.queues(lease=10, blackholed=True, call_timeout=CALL_TIMEOUT)
+    consumer = leasekit.Consumer(proxied, lambda m: None, lease_duration=10, handle_signals=False)
+    outcome: list[object] = []
+    accepted = fault_target.proxy.stats["accepted"]
+    worker = threading.Thread(target=lambda: outcome.append(consumer.run()))
+    worker.start()
+    try:
+        # Its first call has reached the network (the proxy took its connection).
+        _wait_until(
+            lambda: fault_target.proxy.stats["accepted"] > accepted, 10, "the first connection"
+        )
+        began = time.monotonic()
+        consumer.stop()
+        worker.join(60)
+        took = time.monotonic() - began
+    finally:
+        fault_target.proxy.pass_()
+        consumer.stop()
+        worker.join(30)
+    record_property("run_returned_after_stop_s", round(took, 2))
+    # The receive in flight ends by its long poll (1 s) plus call_timeout.
+    bound = 1 + CALL_TIMEOUT + BOUND_SLACK
     assert took <= bound, f"run() returned {took:.1f} s after stop() (bound {bound:g} s)"
     assert outcome and isinstance(outcome[0], leasekit.ConsumerStats), f"run() ended: {outcome}"
 

@@ -58,11 +58,15 @@ class FaultTarget:
     fixed_lease: bool = False
     pairs: list[tuple[Queue, Queue]] = field(default_factory=list)
 
-    def queues(self, *, lease: float | None = None, **options: Any) -> tuple[Queue, Queue]:
+    def queues(
+        self, *, lease: float | None = None, blackholed: bool = False, **options: Any
+    ) -> tuple[Queue, Queue]:
         """A fresh queue opened through the proxy (with ``options``) and directly.
 
         ``lease``: the lease the scenario takes; where the queue fixes it, the
-        queue's lock. Created first; deleted when the test ends.
+        queue's lock. Created first; deleted when the test ends. ``blackholed``:
+        the proxy blackholes before the proxied handle is opened, so that
+        handle's first call into the server meets the partition.
         """
         name = f"fault-{uuid.uuid4().hex[:12]}"
         if self.fixed_lease and lease is not None:
@@ -71,6 +75,8 @@ class FaultTarget:
         direct = self.open_direct(name, create=True, **fixed)
         if self.prepare is not None:
             self.prepare(name)
+        if blackholed:
+            self.proxy.blackhole()
         proxied = self.open_proxied(name, **options)
         self.pairs.append((proxied, direct))
         return proxied, direct
