@@ -28,6 +28,7 @@ __all__ = [
     "MAX_GROUP",
     "MAX_REASON",
     "abandon_delay",
+    "check_nul",
     "dead_letter_reason",
     "group_key",
     "lease_duration",
@@ -128,13 +129,34 @@ def abandon_delay(caps: Capabilities, scheme: str, delay: object) -> float:
     return max(value, caps.min_abandon_delay)
 
 
-def dead_letter_reason(reason: object) -> str:
-    """``reason`` as a non-empty str, cut to :data:`MAX_REASON` characters."""
+def dead_letter_reason(reason: object, caps: Capabilities | None = None, scheme: str = "") -> str:
+    """``reason`` as a non-empty str, cut to :data:`MAX_REASON` characters.
+
+    With ``caps``, a NUL is refused where the backend cannot store one.
+    """
     if not isinstance(reason, str) or not reason.strip():
         raise errors.InvalidArgument(
             f"a dead-letter reason must be a non-empty str, got {reason!r}"
         )
-    return check_text(reason, "a dead-letter reason")[:MAX_REASON]
+    text = check_text(reason, "a dead-letter reason")
+    if caps is not None:
+        check_nul(caps, scheme, text, "a dead-letter reason")
+    return text[:MAX_REASON]
+
+
+def check_nul(caps: Capabilities, scheme: str, text: str, what: str) -> str:
+    """``text``, unless it holds a NUL the backend cannot store (``properties_hold_nul``).
+
+    PostgreSQL's text type cannot hold U+0000: without this a NUL failed there
+    only after a round trip, as a ``BackendError``.
+    """
+    if not caps.properties_hold_nul and "\x00" in text:
+        raise errors.InvalidArgument(
+            f"{what} must not hold a NUL character (U+0000) on {scheme}, which cannot "
+            f"store it (capabilities.properties_hold_nul is False); it has one at "
+            f"position {text.index(chr(0))}"
+        )
+    return text
 
 
 def outgoing(
@@ -210,7 +232,10 @@ def outgoing(
                 raise errors.InvalidArgument(
                     f"properties must map non-empty str to str, got {key!r}: {value!r}"
                 )
-            props[check_text(key, "a property name")] = check_text(value, "a property value")
+            name = check_nul(caps, scheme, check_text(key, "a property name"), "a property name")
+            props[name] = check_nul(
+                caps, scheme, check_text(value, "a property value"), "a property value"
+            )
     return OutgoingMessage(
         body=data, delay=delay_s, ttl=ttl_s, properties=props, group=group_s, dedup_key=dedup_s
     )

@@ -81,6 +81,9 @@ class Capabilities:
     ttl_ends_lease: bool = True
     #: Messages carry string properties.
     supports_properties: bool = True
+    #: Property text (and a dead-letter reason) may hold NUL (U+0000). PostgreSQL's
+    #: text cannot; where this is False core refuses a NUL before any call.
+    properties_hold_nul: bool = True
     #: The backend dead-letters natively (else core moves to ``<queue>-poison``).
     native_dead_letter: bool = False
     #: ``delivery_count`` is exact (1 on first delivery, +1 per redelivery).

@@ -251,13 +251,10 @@ def check_callable(value: object, name: str) -> Any:
 
 
 def check_text(value: str, what: str, *, error: type[InvalidArgument] = InvalidArgument) -> str:
-    """``value`` if it encodes as UTF-8 and holds no NUL; lone surrogates (U+D800) are refused.
+    """``value`` if it encodes as UTF-8; lone surrogates (such as U+D800) are refused.
 
     Every backend stores text as UTF-8, so text that cannot be encoded is
-    refused the same way everywhere, before anything is sent. So is NUL
-    (U+0000): PostgreSQL's text cannot hold it (it failed there only after a
-    round trip), XML 1.0 (SQS's and MNS's wire) has no way to write it, and SQS
-    documents it outside the characters a message attribute may hold.
+    refused the same way everywhere, before anything is sent.
     """
     try:
         value.encode("utf-8")
@@ -266,11 +263,6 @@ def check_text(value: str, what: str, *, error: type[InvalidArgument] = InvalidA
             f"{what} must be valid Unicode text (encodable as UTF-8); it has "
             f"{value[exc.start : exc.end]!r} at position {exc.start}"
         ) from None
-    if "\x00" in value:
-        raise error(
-            f"{what} must not hold a NUL character (U+0000), which not every backend can "
-            f"store; it has one at position {value.index(chr(0))}"
-        )
     return value
 
 

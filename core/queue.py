@@ -332,8 +332,10 @@ class Queue:
         for key, value in extra.items():
             try:
                 if isinstance(key, str) and key and isinstance(value, str):
-                    added[check_text(key, "a property name")] = check_text(
-                        value, "a property value"
+                    caps, scheme = self.capabilities, self._driver.scheme
+                    name = arguments.check_nul(caps, scheme, check_text(key, "a name"), "a name")
+                    added[name] = arguments.check_nul(
+                        caps, scheme, check_text(value, "a value"), "a value"
                     )
                     continue
             except errors.InvalidArgument:
@@ -766,7 +768,7 @@ class Queue:
             LeaseStateError: the lease was already settled.
         """
         self._check_own([lease])
-        reason = arguments.dead_letter_reason(reason)
+        reason = arguments.dead_letter_reason(reason, self.capabilities, self._driver.scheme)
         limit = arguments.timeout(timeout)
         self._require_open()
         self._operations.dead_letter(lease, reason, limit, self._dead_letters.move)
