@@ -499,6 +499,7 @@ CAPABILITIES = Capabilities(
     max_ttl=3650 * DAY,
     supports_properties=True,
     properties_hold_nul=False,  # text cannot hold U+0000 (core refuses it before a call)
+    properties_hold_nul=False,  # text cannot hold U+0000 (core refuses it before a call)
     native_dead_letter=True,
     delivery_count=True,
     queue_stats=True,
