@@ -499,7 +499,6 @@ CAPABILITIES = Capabilities(
     max_ttl=3650 * DAY,
     supports_properties=True,
     properties_hold_nul=False,  # text cannot hold U+0000 (core refuses it before a call)
-    properties_hold_nul=False,  # text cannot hold U+0000 (core refuses it before a call)
     native_dead_letter=True,
     delivery_count=True,
     queue_stats=True,
@@ -1567,6 +1566,10 @@ class PostgresqlDriver(Driver):
                 return _FINAL_STATES[state]
             if state == "57014":
                 return ErrorCode.UNAVAILABLE  # cancelled: statement_timeout (the deadline)
+            if state[:2] == "22" or (isinstance(exc, psycopg.DataError) and not state):
+                # A value the server (22P05: a NUL in jsonb, "\u0000") or psycopg
+                # (a NUL in a text field) cannot store: the caller's to change.
+                return ErrorCode.INVALID_ARGUMENT
             if _retryable(exc):
                 return ErrorCode.UNAVAILABLE
             if isinstance(exc, psycopg.OperationalError):

@@ -27,6 +27,7 @@ import leasekit
 from leasekit import (
     AuthenticationFailed,
     BackendUnavailable,
+    InvalidArgument,
     InvalidURL,
     Lease,
     LeaseKeeper,
@@ -39,9 +40,10 @@ from leasekit.backends.postgresql import SCHEMA_VERSION, PostgresqlDriver
 from leasekit.conformance import AsyncUrlHarness, ConformanceSuite, UrlHarness
 from leasekit.deadline import deadline
 from leasekit.emulators.postgres import LocalPostgres
+from leasekit.error_mapping import wrap_error
 from leasekit.queue import Queue
 from leasekit.retry import RetryPolicy
-from leasekit.spi import ErrorCode, ReceivedRows
+from leasekit.spi import ErrorCode, OutgoingMessage, ReceivedRows
 
 # --------------------------------------------------------------- conformance
 
@@ -863,3 +865,62 @@ def test_the_password_may_come_from_libpqs_environment_or_pgpass(
         assert lease.message.body == b"from PGPASSWORD"
         lease.complete()
         q.delete()
+
+
+# ------------------------------------------------- NUL characters (issue 33 item 9)
+
+
+@pytest.mark.parametrize(
+    ("what", "message"),
+    [
+        ("property value", OutgoingMessage(b"x", properties={"k": "a\x00b"})),
+        ("property name", OutgoingMessage(b"x", properties={"a\x00b": "v"})),
+        ("group", OutgoingMessage(b"x", group="g\x00")),
+    ],
+)
+def test_a_nul_the_driver_is_given_anyway_is_invalid_argument_not_retried(
+    queue: Queue, what: str, message: OutgoingMessage
+) -> None:
+    """Core refuses a NUL before any call; one that reaches the driver is the caller's error.
+
+    jsonb cannot hold ``\\u0000`` (22P05) and a text column no NUL (psycopg
+    refuses to send it): both mean "change the value", never a backend fault.
+    """
+    driver = queue.driver
+    with pytest.raises(Exception) as info:
+        driver.send([message])
+    assert driver.error_code(info.value) is ErrorCode.INVALID_ARGUMENT, what
+    assert not driver.is_retryable(info.value)
+    error = wrap_error(driver, info.value, "send")
+    assert isinstance(error, InvalidArgument)
+
+
+def test_a_nul_in_a_dead_letter_reason_given_to_the_driver_is_invalid_argument(
+    queue: Queue,
+) -> None:
+    driver = queue.driver
+    queue.send(b"x")
+    [raw] = driver.receive(1, 5, 0)
+    with pytest.raises(Exception) as info:
+        driver.dead_letter(raw.receipt, "bad\x00reason", raw)
+    assert driver.error_code(info.value) is ErrorCode.INVALID_ARGUMENT
+    # Nothing changed: still leased (hidden), still in the queue, no dead letter.
+    assert queue.lease(1, duration=5) == []
+    assert queue.peek_dead_letters(1) == []
+    assert driver.delete([raw.receipt]) == [None]
+
+
+def test_nul_bytes_in_a_body_round_trip_through_the_queue_dead_letters_and_redrive(
+    queue: Queue,
+) -> None:
+    body = b"\x00head\x00\x00tail\x00"
+    queue.send(body)
+    [lease] = queue.lease(1, duration=5)
+    assert lease.message.body == body
+    lease.dead_letter("to check the body")
+    [letter] = queue.peek_dead_letters(1)
+    assert letter.body == body
+    assert queue.redrive() == 1
+    [back] = queue.lease(1, duration=5)
+    assert back.message.body == body
+    back.complete()
