@@ -141,6 +141,9 @@ class Dashboard:
             queues = [queues]
         if not queues:
             raise errors.InvalidArgument("the dashboard needs at least one queue (URL or Queue)")
+        # Everything that can be refused first: no queue is opened for nothing.
+        self.conformance = [_load_report(Path(p)) for p in conformance]
+        self.consumers = [ConsumerSource(_leases_url(url)) for url in consumers]
         self.targets: dict[str, QueueTarget] = {}
         self.shown: dict[str, str] = {}
         self._owned: list[Queue] = []
@@ -149,7 +152,12 @@ class Dashboard:
                 queue = item
                 shown = f"{queue.driver.scheme}:{queue.name}"
             elif isinstance(item, str):
-                queue = leasekit.open(item, **(options or {}))
+                try:
+                    queue = leasekit.open(item, **(options or {}))
+                except BaseException:
+                    for opened in self._owned:
+                        opened.close()
+                    raise
                 self._owned.append(queue)
                 shown = redact_url(item)
             else:
@@ -158,8 +166,6 @@ class Dashboard:
             every = max(float(interval), min_interval(queue.driver.scheme))
             self.targets[qid] = QueueTarget(queue, every)
             self.shown[qid] = shown
-        self.consumers = [ConsumerSource(_leases_url(url)) for url in consumers]
-        self.conformance = [_load_report(Path(p)) for p in conformance]
         self.redrive_rate = float(redrive_rate)
         self.plans: OrderedDict[str, Plan] = OrderedDict()
         self.jobs: OrderedDict[str, Job] = OrderedDict()
@@ -426,16 +432,36 @@ def _leases_url(url: str) -> str:
 
 
 def _load_report(path: Path) -> dict[str, Any]:
+    """A conformance report as ``{"backends": {backend: {property: {result, reason}}}}``.
+
+    Reads both shapes the suite writes: one backend (``backend`` and
+    ``properties``) and a matrix (``backends``, as ``make compatibility`` makes).
+    """
     try:
         data = json.loads(path.read_text())
-        if not isinstance(data, dict) or not isinstance(data.get("properties"), dict):
+        if not isinstance(data, dict):
             raise ValueError("not a conformance report")
+        backends = data.get("backends")
+        if not isinstance(backends, dict) or not backends:
+            backends = {str(data.get("backend", path.stem)): data.get("properties")}
+        table: dict[str, dict[str, dict[str, str]]] = {}
+        for backend, properties in backends.items():
+            if not isinstance(properties, dict):
+                raise ValueError("not a conformance report")
+            table[str(backend)] = {
+                str(prop): {
+                    "result": str(row.get("result", "")),
+                    "reason": str(row.get("reason", "")),
+                }
+                for prop, row in properties.items()
+                if isinstance(row, dict)
+            }
     except (OSError, ValueError) as exc:
         raise errors.InvalidArgument(
             f"cannot read the conformance report {path.name!r} (made by "
             f"`leasekit conformance URL --json PATH`): {exc}"
         ) from exc
-    return data
+    return {"backends": table}
 
 
 def _num(value: Any) -> float | None:

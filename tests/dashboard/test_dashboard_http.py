@@ -482,3 +482,39 @@ def test_requests_beyond_max_connections_get_a_503() -> None:
 
     assert asyncio.run(main()) == [200, 200, 503]
     assert guard.active == 0
+
+
+def test_the_capabilities_page_shows_why_a_button_does_not_work_and_the_matrix(
+    orders, make_client, tmp_path: Path
+) -> None:
+    report = {
+        "backend": "memory://",
+        "properties": {
+            "expiry and redelivery": {"result": "passed", "reason": ""},
+            "expired receipt": {"result": "skipped", "reason": "<b>not</b> usable here"},
+        },
+        "backends": {
+            "memory://": {
+                "expiry and redelivery": {"result": "passed", "reason": ""},
+                "expired receipt": {"result": "skipped", "reason": "<b>not</b> usable here"},
+            }
+        },
+        "tests": [],
+    }
+    path = tmp_path / "matrix.json"
+    path.write_text(json.dumps(report))
+    client, _ = make_client([orders], conformance=[path])
+    page = client.get("/capabilities").text
+    assert "peek: no — the backend&#39;s driver cannot peek" in page
+    assert "expiry and redelivery" in page and "&lt;b&gt;not&lt;/b&gt; usable here" in page
+    api = client.get("/api/capabilities").json()
+    assert api["queues"][0]["actions"]["peek"] == {
+        "works": False,
+        "why_not": "the backend's driver cannot peek",
+    }
+    assert api["conformance"][0]["backends"]["memory://"]["expired receipt"]["result"] == (
+        "skipped"
+    )
+    path.write_text("not json")
+    with pytest.raises(leasekit.InvalidArgument, match="cannot read the conformance report"):
+        app([orders], conformance=[path])
