@@ -20,7 +20,8 @@ URLs:
 Delivery semantics:
     At least once. A lease is one delivery: ``Pull`` (the subscription's ack
     deadline), then one batched ``ModifyAckDeadline`` setting the lease's
-    duration (``lease_set_after_receive``); the receipt is the ack id, which
+    duration (``lease_set_after_receive``), unless it is the subscription's
+    deadline as read on first use (no call then); the receipt is the ack id, which
     renewals keep. Renew is ``ModifyAckDeadline`` (0-600 s, batched), complete
     is ``Acknowledge`` (batched), abandon is ``ModifyAckDeadline`` with the
     delay (0: now; up to 600 s: the message stays hidden that long, as a lease
@@ -85,7 +86,9 @@ Limits:
     retention applies). No message counts (Cloud Monitoring only) and no peek.
 
 Raw types:
-    ``lease.raw`` is the ``google.pubsub_v1.types.ReceivedMessage``; errors are
+    ``lease.raw`` is the protobuf ``google.pubsub.v1.ReceivedMessage`` of the pull
+    (``google.pubsub_v1.types.ReceivedMessage.wrap(lease.raw)`` gives the client's
+    proto-plus view of it); errors are
     ``google.api_core.exceptions.GoogleAPICallError`` subclasses (``__cause__``),
     per-entry ack failures are :class:`~leasekit.spi.DriverError` chained from it.
 
@@ -305,6 +308,7 @@ class PubSubDriver(Driver):
         self._lock = threading.Lock()
         self._clients: tuple[Any, Any] | None = None
         self._checked = False
+        self._pull_deadline = 10.0
         self._closed = False
 
     @classmethod
@@ -365,7 +369,7 @@ class PubSubDriver(Driver):
             SubscriberClient(credentials=credentials),
         )
 
-    def _call(self, method: Any, request: dict[str, Any], cap: float | None = None) -> Any:
+    def _call(self, method: Any, request: Any, cap: float | None = None) -> Any:
         return method(request=request, retry=None, timeout=call_timeout(cap or self._timeout))
 
     def _check_subscription(self) -> None:
@@ -388,6 +392,7 @@ class PubSubDriver(Driver):
                 f"gcp-pubsub: {self.subscription} has dead-letter topic {policy_topic}; "
                 f"open it with dead_letter_topic={policy_topic}",
             )
+        self._pull_deadline = float(sub.ack_deadline_seconds or 10)
         self._checked = True
 
     # --------------------------------------------------------------- messages
@@ -444,22 +449,27 @@ class PubSubDriver(Driver):
             if wait > 0 and time.time() - started >= wait * 0.9:
                 return []  # the long poll ran out: no message in time
             raise
-        until = to_datetime(started + 10.0)  # at least the shortest subscription deadline
+        # The subscription's deadline as read on first use: a lease of that length
+        # needs no ModifyAckDeadline after the pull (core sets any other).
+        until = to_datetime(started + self._pull_deadline)
         counted = self.dead_letter_topic is not None
         out = []
-        for item in response.received_messages:
+        # The protobuf messages under the client's proto-plus wrappers: reading
+        # fields through the wrappers cost three times the client's own work.
+        pb = type(response).pb(response) if hasattr(type(response), "pb") else response
+        for item in pb.received_messages:
             message = item.message
-            published = message.publish_time
-            attributes = dict(message.attributes)
+            stamp = message.publish_time
+            attributes = dict(message.attributes) if message.attributes else {}
             if not message.data and attributes == EMPTY_MARK:
                 attributes = {}
             out.append(
                 received(
                     message.message_id,
-                    bytes(message.data),
+                    message.data,
                     item.ack_id,
                     max(1, item.delivery_attempt) if counted else 1,
-                    published,
+                    to_datetime(stamp.seconds + stamp.nanos / 1e9),
                     until,
                     attributes,
                     item,
@@ -486,7 +496,7 @@ class PubSubDriver(Driver):
             raise convert(exc) from exc
 
     def _per_entry(
-        self, call: Any, request: dict[str, Any], ack_ids: Sequence[str]
+        self, call: Any, request: Any, ack_ids: Sequence[str]
     ) -> list[BaseException | None]:
         """Run an ack or modack; exactly-once failures become the failed entries' errors."""
         from google.api_core import exceptions
@@ -524,11 +534,12 @@ class PubSubDriver(Driver):
         _, subscriber = self._api()
         whole = min(MAX_ACK_DEADLINE, math.ceil(seconds - 1e-9))
         started = time.time()
-        request = {
-            "subscription": self.subscription,
-            "ack_ids": list(receipts),
-            "ack_deadline_seconds": whole,
-        }
+        request = _request(
+            "ModifyAckDeadlineRequest",
+            subscription=self.subscription,
+            ack_ids=receipts,
+            ack_deadline_seconds=whole,
+        )
         results = self._per_entry(subscriber.modify_ack_deadline, request, receipts)
         until = to_datetime(started + whole)
         return [
@@ -539,7 +550,7 @@ class PubSubDriver(Driver):
     def delete(self, receipts: Sequence[str]) -> list[BaseException | None]:
         """One ``Acknowledge`` for the batch."""
         _, subscriber = self._api()
-        request = {"subscription": self.subscription, "ack_ids": list(receipts)}
+        request = _request("AcknowledgeRequest", subscription=self.subscription, ack_ids=receipts)
         return self._per_entry(subscriber.acknowledge, request, receipts)
 
     def dead_letter_queue(self) -> str | None:
@@ -631,6 +642,18 @@ class PubSubDriver(Driver):
         if clients is not None and self._owns_clients:
             for client in clients:
                 client.transport.close()
+
+
+def _request(name: str, **fields: Any) -> Any:
+    """A request of the client's type ``name`` made from its protobuf message.
+
+    Passing a dict makes the client convert each list entry through proto-plus
+    (measured: a third of the batch's client time for 100 ack ids).
+    """
+    from google.pubsub_v1 import types
+
+    cls = getattr(types, name)
+    return cls.wrap(cls.pb()(**fields))
 
 
 def grpc_error() -> type[Exception]:
