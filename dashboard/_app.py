@@ -176,6 +176,10 @@ class Dashboard:
         for source in self.consumers:
             self.sampler.add(source)
 
+    def viewed(self) -> None:
+        """A page or API request came: keep sampling (see ``_sampler.IDLE``)."""
+        self.sampler.wanted([*self.targets.values(), *self.consumers])
+
     def sample_now(self) -> None:
         """Sample every queue and consumer at once on this thread (tests, the first page)."""
         for target in self.targets.values():
@@ -620,6 +624,7 @@ class _Views:
     # ------------------------------------------------------------ plumbing
 
     def page(self, request: Request, template: str, status: int = 200, **context: Any) -> Response:
+        self.dash.viewed()
         access = self._access(request)
         html = self.env.get_template(template).render(
             base=request.scope.get("root_path", "").rstrip("/"),
@@ -903,9 +908,11 @@ class _Views:
     # ----------------------------------------------------------------- API
 
     async def api_queues(self, request: Request) -> Response:
+        self.dash.viewed()
         return JSONResponse({"queues": [self.dash.queue_row(qid) for qid in self.dash.targets]})
 
     async def api_leases(self, request: Request) -> Response:
+        self.dash.viewed()
         return JSONResponse(self.dash.leases())
 
     async def api_dead_letters(self, request: Request) -> Response:

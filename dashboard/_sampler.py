@@ -16,7 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -25,7 +25,7 @@ from leasekit.queue import Queue
 from leasekit.redaction import redact
 from leasekit.spi import QueueStats
 
-__all__ = ["MIN_INTERVAL", "ConsumerSource", "QueueTarget", "Sampler"]
+__all__ = ["IDLE", "MIN_INTERVAL", "ConsumerSource", "QueueTarget", "Sampler"]
 
 #: Shortest time between two samples of one queue, by backend scheme. Local
 #: stores are cheap to count; a cloud service bills (or throttles) each call.
@@ -46,6 +46,10 @@ HISTORY = 120
 #: How often a consumer's ``/leases`` is read, and how long one read may take.
 CONSUMER_INTERVAL = 1.0
 CONSUMER_TIMEOUT = 2.0
+#: Seconds after the last page or API request for which a dashboard's queues and
+#: consumers are still sampled; then sampling stops until the next request (so a
+#: dashboard left running and unwatched makes no calls to a cloud service).
+IDLE = 120.0
 #: Largest ``/leases`` answer read (bytes).
 MAX_REPORT = 4 * 1024 * 1024
 
@@ -73,6 +77,8 @@ class QueueTarget:
     error_at: float | None = None
     next_at: float = 0.0
     sampling: bool = False
+    #: Sampled only until then (monotonic): a dashboard nobody looks at stops calling.
+    wanted_until: float = field(default_factory=lambda: time.monotonic() + IDLE)
 
     def sample(self) -> None:
         """Read the counts now (on the sampler's thread, or a test's)."""
@@ -100,6 +106,8 @@ class ConsumerSource:
     error: str | None = None
     next_at: float = 0.0
     sampling: bool = False
+    #: Sampled only until then (monotonic): a dashboard nobody looks at stops calling.
+    wanted_until: float = field(default_factory=lambda: time.monotonic() + IDLE)
 
     def sample(self) -> None:
         """Read the consumer's report now."""
@@ -153,6 +161,16 @@ class Sampler:
                 self._thread.start()
         self._wake.set()
 
+    def wanted(self, targets: Iterable[QueueTarget | ConsumerSource]) -> None:
+        """Someone looks at ``targets``: keep sampling them for :data:`IDLE` seconds more."""
+        now = time.monotonic()
+        woke = False
+        for target in targets:
+            woke = woke or target.wanted_until < now
+            target.wanted_until = now + IDLE
+        if woke:
+            self._wake.set()
+
     def remove(self, target: QueueTarget | ConsumerSource) -> None:
         """Stop sampling ``target``."""
         with self._lock:
@@ -165,7 +183,11 @@ class Sampler:
             self._wake.clear()
             now = time.monotonic()
             with self._lock:
-                due = [t for t in self._targets if t.next_at <= now and not t.sampling]
+                due = [
+                    t
+                    for t in self._targets
+                    if t.next_at <= now and not t.sampling and t.wanted_until >= now
+                ]
                 for target in due:
                     target.sampling = True
             for target in due:

@@ -518,3 +518,25 @@ def test_the_capabilities_page_shows_why_a_button_does_not_work_and_the_matrix(
     path.write_text("not json")
     with pytest.raises(leasekit.InvalidArgument, match="cannot read the conformance report"):
         app([orders], conformance=[path])
+
+
+def test_an_unwatched_dashboard_stops_sampling_until_the_next_request(orders, make_client) -> None:
+    from leasekit.dashboard import _sampler
+
+    _, application = make_client([orders])
+    target = application.state.dashboard.targets["orders"]
+    target.wanted_until = time.monotonic() - 1  # nobody looked for IDLE seconds
+    deadline = time.monotonic() + 10
+    while target.sampling:  # a sample in flight ends
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    before = len(target.samples)
+    due = max(target.next_at, time.monotonic()) + 0.5
+    while time.monotonic() < due:  # past its next due point: not sampled, nobody watches
+        time.sleep(0.05)
+    assert len(target.samples) == before
+    TestClient(application).get("/")  # a look wakes it
+    assert target.wanted_until > time.monotonic() + _sampler.IDLE - 5
+    while len(target.samples) == before:
+        assert time.monotonic() < deadline, "the sampler did not resume"
+        time.sleep(0.02)
