@@ -139,3 +139,70 @@ def test_a_consumer_rides_out_a_server_restart(
         assert direct.lease(1, duration=5, wait=0.5) == [], "a handled message is still queued"
         direct.delete()
     queue.close()
+
+
+def test_a_complete_whose_delete_lands_after_the_lease_was_reported_lost_raises_that_loss(
+    postgres_server: LocalPostgres, record_property: RecordProperty
+) -> None:
+    """The probe's "reported lost, then complete() succeeded", made to happen on the server.
+
+    PostgreSQL's DELETE is fenced by the receipt's token only (an expired receipt
+    whose message nobody re-leased still works: ``expired_receipt_usable``), so
+    a complete() started with less than a second left (a settle gets at least
+    1 s) can delete the message after the keeper reported the lease lost at its
+    deadline. Here a rival transaction holds the message's row lock until
+    ``on_lost`` has fired, then lets the DELETE through: it deletes the row, and
+    complete() raises the same LeaseLost ``on_lost`` was given, so the two agree.
+    """
+    import psycopg
+
+    name = f"race-{uuid.uuid4().hex[:8]}"
+    with leasekit.open(postgres_server.url(), queue=name, create=True) as queue:
+        queue.send(b"raced")
+        [lease] = queue.lease(1, duration=2)
+        deadline = time.monotonic() + lease.time_left
+        reported: list[LeaseLost] = []
+        lost_at: list[float] = []
+
+        def on_lost(lost: leasekit.Lease, error: LeaseLost) -> None:
+            lost_at.append(time.monotonic())
+            reported.append(error)
+
+        outcome: list[BaseException | None] = []
+        with psycopg.connect(postgres_server.url(), autocommit=True) as rival:
+            rival.execute("BEGIN")
+            rival.execute(
+                "SELECT 1 FROM leasekit.messages WHERE id = %s FOR UPDATE", [lease.message.id]
+            )
+            with LeaseKeeper(on_lost=on_lost, renew_at=0.05, margin=0.1) as keeper:
+                keeper.add(lease)
+                _wait_until(lambda: lease.time_left <= 0.5, 3, "0.5 s left on the lease")
+
+                def complete() -> None:
+                    try:
+                        lease.complete()
+                        outcome.append(None)
+                    except BaseException as exc:
+                        outcome.append(exc)
+
+                worker = threading.Thread(target=complete)
+                worker.start()
+                _wait_until(lambda: bool(reported), 0.5 + LOST_WITHIN, "on_lost at the deadline")
+                rival.execute("COMMIT")  # the DELETE, waiting on the row lock, goes through
+                worker.join(5)
+        assert not worker.is_alive()
+        record_property("reported_lost_after_deadline_s", round(lost_at[0] - deadline, 3))
+        assert lost_at[0] - deadline <= LOST_WITHIN
+        [error] = outcome
+        assert isinstance(error, LeaseLost), f"complete() returned {error!r} after on_lost"
+        assert error is reported[0]
+        assert lease.state is LeaseState.LOST
+        assert keeper.stats.lost == 1
+        # The DELETE did reach the server: the message is gone (at least once: a
+        # lease reported lost may have been settled; it is never handed out again).
+        rows = postgres_server.psql(
+            f"SELECT count(*) FROM leasekit.messages WHERE id = '{lease.message.id}'"
+        )
+        assert int(rows) == 0
+        assert queue.lease(1, duration=1, wait=1.5) == []
+        queue.delete_queue()
