@@ -678,18 +678,18 @@ class _Views:
 
     async def backend_error(self, request: Request, exc: Exception) -> Response:
         text = f"{type(exc).__name__}: {redact(str(exc))}"
-        status = 409 if isinstance(exc, errors.UnsupportedOperation) else 503
-        if isinstance(exc, errors.InvalidArgument):
-            status = 400
+        status, title = 502, "The backend said no"
+        if isinstance(exc, errors.BackendUnavailable):
+            status, title = 503, "The backend is not answering"
+        elif isinstance(exc, errors.InvalidArgument):
+            status, title = 400, "Bad request"
+        elif isinstance(exc, errors.QueueNotFound):
+            status, title = 404, "The queue does not exist"
+        elif isinstance(exc, errors.UnsupportedOperation):
+            status, title = 409, "This backend cannot do that"
         if _wants_json(request):
             return JSONResponse({"error": text}, status_code=status)
-        return self.page(
-            request,
-            "error.html",
-            status,
-            title="The backend said no" if status != 503 else "The backend is not answering",
-            message=text,
-        )
+        return self.page(request, "error.html", status, title=title, message=text)
 
     # --------------------------------------------------------------- pages
 
@@ -863,10 +863,12 @@ class _Views:
             raise BadInput(f"{driver.scheme} cannot peek at visible messages")
         try:
             raws = await run_in_threadpool(driver.peek, int(count))
-        except Exception as exc:
-            if isinstance(exc, errors.LeaseError):
-                raise
-            raise errors.BackendUnavailable(f"peek failed: {type(exc).__name__}") from None
+        except errors.LeaseError:
+            raise
+        except Exception as exc:  # the driver's raw error: classified as core does
+            from leasekit.error_mapping import wrap_error
+
+            raise wrap_error(driver, exc, f"peek on {target.queue.name!r}") from exc
         peeked = [
             {
                 "id": raw.id,

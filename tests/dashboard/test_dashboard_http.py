@@ -540,3 +540,18 @@ def test_an_unwatched_dashboard_stops_sampling_until_the_next_request(orders, ma
     while len(target.samples) == before:
         assert time.monotonic() < deadline, "the sampler did not resume"
         time.sleep(0.02)
+
+
+def test_a_test_message_too_large_gets_a_400_and_a_huge_form_a_413(make_client) -> None:
+    from leasekit.dashboard._app import MAX_FORM, MAX_SEND
+
+    with leasekit.open("memory://small", create=True) as queue:
+        client, _ = make_client([queue])
+        csrf = csrf_of(client.get("/queues/small/browse").text)
+        response = client.post(
+            "/queues/small/send", data={"csrf": csrf, "body": "x" * (MAX_SEND + 1)}
+        )
+        assert response.status_code == 400 and "at most 65,536 bytes" in response.text
+        huge = client.post("/queues/small/send", data={"csrf": csrf, "body": "x" * MAX_FORM})
+        assert huge.status_code == 413
+        assert queue.stats().visible == 0
