@@ -302,3 +302,24 @@ def test_the_pages_fit_the_viewport(page, serve, orders, viewport, shots) -> Non
     if viewport is NARROW:
         page.goto(base + "/")
         page.screenshot(path=str(shots / "dashboard-queues-phone.png"))
+
+
+def test_live_updates_pause_while_the_tab_is_hidden(page, serve, orders) -> None:
+    base = serve([orders])
+    login(page, base)
+    refreshes: list[str] = []
+    page.on("request", lambda r: refreshes.append(r.url) if r.resource_type == "fetch" else None)
+    with page.expect_request(lambda r: r.resource_type == "fetch"):
+        pass  # live: the page re-reads itself every 2 s
+    page.evaluate(
+        "Object.defineProperty(document, 'visibilityState', {get: () => 'hidden',"
+        " configurable: true})"
+    )
+    refreshes.clear()
+    page.wait_for_timeout(5000)  # two and a half refresh periods, hidden
+    assert refreshes == []
+    with page.expect_request(lambda r: r.resource_type == "fetch", timeout=5000):
+        page.evaluate(
+            "Object.defineProperty(document, 'visibilityState', {get: () => 'visible',"
+            " configurable: true}); document.dispatchEvent(new Event('visibilitychange'))"
+        )
