@@ -153,6 +153,19 @@ DEFAULT_ACK_DEADLINE = 60
 #: Longest a Pull waits in one call; core loops for longer waits.
 MAX_WAIT = 20.0
 DEFAULT_TIMEOUT = 30.0
+#: Extra seconds a long-polling Pull's call gets beyond its wait, for the answer.
+PULL_MARGIN = 1.0
+#: gRPC channel options. No message size limit (as the client's own channel);
+#: after a lost connection, reconnect within 0.1-1 s instead of gRPC's default
+#: 1 s growing to 120 s: a renewal retried within its lease's time must find the
+#: channel connected again (measured: a 1.4 s cut lost all 20 leases of 6 s).
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
 #: The service refuses a message with no data and no attributes: an empty body
 #: without properties is sent with this attribute, which the receive removes.
 EMPTY_MARK = {"leasekit-empty-body": "1"}
@@ -346,11 +359,7 @@ class PubSubDriver(Driver):
         if self.endpoint is not None:
             import grpc
 
-            options = [
-                ("grpc.max_send_message_length", -1),
-                ("grpc.max_receive_message_length", -1),
-            ]
-            channel = grpc.insecure_channel(self.endpoint, options=options)
+            channel = grpc.insecure_channel(self.endpoint, options=CHANNEL_OPTIONS)
             return (
                 PublisherClient(transport=PublisherGrpcTransport(channel=channel)),
                 SubscriberClient(transport=SubscriberGrpcTransport(channel=channel)),
@@ -364,9 +373,15 @@ class PubSubDriver(Driver):
                 self._credentials_file.value,
                 scopes=["https://www.googleapis.com/auth/pubsub"],
             )
+        channel = SubscriberGrpcTransport.create_channel(
+            SubscriberGrpcTransport.DEFAULT_HOST + ":443",
+            credentials=credentials,
+            scopes=SubscriberGrpcTransport.AUTH_SCOPES,
+            options=CHANNEL_OPTIONS,
+        )
         return (
-            PublisherClient(credentials=credentials),
-            SubscriberClient(credentials=credentials),
+            PublisherClient(transport=PublisherGrpcTransport(channel=channel)),
+            SubscriberClient(transport=SubscriberGrpcTransport(channel=channel)),
         )
 
     def _call(self, method: Any, request: Any, cap: float | None = None) -> Any:
@@ -434,21 +449,16 @@ class PubSubDriver(Driver):
 
     def receive(self, max_messages: int, visibility: float, wait: float) -> list[RawMessage]:
         """One ``Pull`` for up to ``max_messages``; waits up to ``wait`` (0: returns at once)."""
-        from google.api_core import exceptions
-
         self._check_subscription()
         _, subscriber = self._api()
         started = time.time()
         request: dict[str, Any] = {"subscription": self.subscription, "max_messages": max_messages}
-        try:
-            if wait <= 0:
-                response = self._pull_now(subscriber, request)
-            else:
-                response = self._call(subscriber.pull, request, cap=wait)
-        except exceptions.DeadlineExceeded:
-            if wait > 0 and time.time() - started >= wait * 0.9:
-                return []  # the long poll ran out: no message in time
-            raise
+        if wait <= 0:
+            response = self._pull_now(subscriber, request)
+        else:
+            # The service answers an empty pull before the call's deadline, so
+            # DEADLINE_EXCEEDED means no answer came (a partition), not "no message".
+            response = self._call(subscriber.pull, request, cap=wait + PULL_MARGIN)
         # The subscription's deadline as read on first use: a lease of that length
         # needs no ModifyAckDeadline after the pull (core sets any other).
         until = to_datetime(started + self._pull_deadline)

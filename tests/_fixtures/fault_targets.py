@@ -1,7 +1,7 @@
 """The ``fault_target`` fixture: each backend with a fault-injecting proxy in front of it.
 
 Parametrized over the backends the fault scenarios run on (the MNS emulator,
-moto's SQS, Azurite, leasekit's Service Bus emulator, a real PostgreSQL): one
+moto's SQS, Azurite, leasekit's Service Bus and Pub/Sub emulators, a real PostgreSQL): one
 table, so a backend cannot skip a promise the others keep. Each gives a way to open a queue
 *through* the proxy (the consumer under test) and *directly* (a rival consumer,
 or the test checking what the server holds), both on the same fresh queue.
@@ -223,6 +223,33 @@ def _redis(make: MakeProxy, request: pytest.FixtureRequest) -> FaultTarget:
     return FaultTarget("redis", proxy, proxied, direct)
 
 
+def _pubsub(make: MakeProxy, request: pytest.FixtureRequest) -> FaultTarget:
+    """leasekit's Pub/Sub emulator (gRPC over HTTP/2), an exactly-once subscription."""
+    server = request.getfixturevalue("pubsub_server")
+    port = server.address.rpartition(":")[2]
+    proxy = make(int(port))
+
+    def open_at(address: str) -> Callable[..., Queue]:
+        def opener(name: str, **options: Any) -> Queue:
+            # The subscription's shortest deadline (10 s): a pull whose answer a
+            # fault swallowed gives its messages back soon.
+            return leasekit.open(
+                "gcp-pubsub",
+                project=server.project,
+                queue=name,
+                endpoint=address,
+                ack_deadline=10,
+                dead_letter_topic="fault-dead-letters",  # for exact delivery counts
+                **options,
+            )
+
+        return opener
+
+    return FaultTarget(
+        "gcp-pubsub", proxy, open_at(f"{proxy.host}:{proxy.port}"), open_at(server.address)
+    )
+
+
 #: The backends the fault scenarios run on, by scheme.
 FAULT_BACKENDS: dict[str, Callable[[MakeProxy, pytest.FixtureRequest], FaultTarget]] = {
     "aliyun-mns": _mns,
@@ -231,6 +258,7 @@ FAULT_BACKENDS: dict[str, Callable[[MakeProxy, pytest.FixtureRequest], FaultTarg
     # Three receive links, so three connections through the proxy: a cut resets them all.
     "azure-service-bus-3-links": functools.partial(_servicebus, receivers=3),
     "azure-storage-queue": _azure,
+    "gcp-pubsub": _pubsub,
     "postgresql": _postgresql,
     "redis": _redis,
 }
