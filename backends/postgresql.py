@@ -10,9 +10,12 @@ URLs:
     where ``dsn`` is any libpq connection string or URI, and any other keyword is
     a libpq parameter (``host=``, ``sslmode=``...). A password comes from the
     keyword ``password=``, the ``dsn``, libpq's environment (``PGPASSWORD``) or
-    ``.pgpass``, or the URL's ``user:password@``; it never appears in a repr, an
-    error, a log line or CLI output. ``schema`` (default ``leasekit``) names the
-    schema that holds the tables; ``pool_size`` the most connections (default 10).
+    ``.pgpass``, or the URL's ``user:password@`` (percent-decoded as libpq does:
+    ``%40`` for ``@``...); it never appears in a repr, an error, a log line or
+    CLI output. libpq checks every parameter's value when the queue is opened,
+    connecting nowhere (``sslmode=bogus`` is ``InvalidURL`` from ``open()``).
+    ``schema`` (default ``leasekit``) names the schema that holds the tables;
+    ``pool_size`` the most connections (default 10).
 
 Delivery semantics:
     At least once, across any number of processes and machines. A receive takes
@@ -33,7 +36,7 @@ Delivery semantics:
     so a leased or abandoned head holds its group, comes back first, and one
     message per group goes per receive (``docs/ordering.md``). No deduplication
     (``deduplicates=False``). Dead letters go to a table of their own, with
-    their group.
+    their group, and are re-driven from it (each leased in its row).
     Times are the server's clock.
 
 Limits:
@@ -48,13 +51,18 @@ Raw types:
     :class:`psycopg_pool.PoolTimeout`).
 
 Errors:
-    Missing queue or schema → ``QueueNotFound``; stale or malformed receipt,
-    completed or TTL-expired message → ``LeaseLost``; a lost connection, a
-    server restarting, a pool with no free connection in time, a serialization
-    failure or deadlock → ``BackendUnavailable`` (retried by core); a refused
-    password → ``AuthenticationFailed``. Every call is bounded by core's deadline:
-    the server's ``statement_timeout`` and, for a hung network, the connection's
-    socket being shut down when the deadline passes.
+    Missing queue, schema or database → ``QueueNotFound``; stale or malformed
+    receipt, completed or TTL-expired message → ``LeaseLost``; a lost
+    connection, a server restarting, a pool with no free connection in time, a
+    serialization failure or deadlock → ``BackendUnavailable`` (retried by
+    core); a refused password or role → ``AuthenticationFailed``; a value the
+    server cannot store (class 22, a NUL) or a setting it refuses →
+    ``InvalidArgument``. What no retry mends is never retried. After a cut, a
+    waiting call has a connection made at once rather than waiting for the
+    pool's reconnect schedule (see :meth:`_Shared._wait_for_one`). Every call
+    is bounded by core's deadline: the server's ``statement_timeout`` and, for
+    a hung network, the connection's socket being shut down when the deadline
+    passes.
 """
 
 from __future__ import annotations
