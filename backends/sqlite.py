@@ -72,6 +72,7 @@ from leasekit.spi import (
     ParsedURL,
     QueueStats,
     RawMessage,
+    ReceivedRows,
     Visibility,
     received,
 )
@@ -151,6 +152,7 @@ WHERE seq IN ({})
 RETURNING seq, id, body, properties, enqueued_at, delivery_count, receipt, checkpoint, grp
 """
 
+_DELETE = "DELETE FROM leasekit_messages"
 _HELD = "seq = ? AND receipt = ? AND queue = ? AND (expires_at IS NULL OR expires_at > ?)"
 #: A checkpoint: the data and the new visibility, only while the receipt is current.
 _CHECKPOINT = f"UPDATE leasekit_messages SET visible_at = ?, checkpoint = ? WHERE {_HELD}"
@@ -378,8 +380,12 @@ class SqliteDriver(Driver):
                 )
         return ids
 
-    def receive(self, max_messages: int, visibility: float, wait: float) -> list[RawMessage]:
-        """Lease up to ``max_messages`` in one transaction (``wait`` is ignored: core polls)."""
+    def receive(self, max_messages: int, visibility: float, wait: float) -> Sequence[RawMessage]:
+        """Lease up to ``max_messages`` in one transaction (``wait`` is ignored: core polls).
+
+        Plain rows (:class:`~leasekit.spi.ReceivedRows`) unless a message of the
+        batch has a checkpoint; in delivery order either way.
+        """
         with self._lock:
             conn = self._connection()
             now = self._clock.time()
@@ -410,11 +416,32 @@ class SqliteDriver(Driver):
                     _receive_statement(len(picked)), (now + visibility, *picked)
                 ).fetchall()
         # Delivery order (visibility time, then send order), as the receive picked them.
-        position = {seq: i for i, seq in enumerate(picked)}
-        rows.sort(key=lambda r: position[r[0]])
+        by_seq = {row[0]: row for row in rows}
         until = to_datetime(now + visibility)
         # Messages sent together share their send time: one datetime each time.
         stamps: dict[float, datetime] = {}
+        if all(row[7] is None for row in rows):
+            # No checkpoint (the common case): plain rows, from which core makes each
+            # lease with no RawMessage in between (ReceivedRows' order of fields).
+            return ReceivedRows(
+                [
+                    (
+                        message_id,
+                        body,
+                        props,
+                        stamps.get(enqueued_at)
+                        or stamps.setdefault(enqueued_at, to_datetime(enqueued_at)),
+                        count,
+                        receipt,
+                        until,
+                        group,
+                    )
+                    for _, message_id, body, props, enqueued_at, count, receipt, _, group in map(
+                        by_seq.__getitem__, picked
+                    )
+                ],
+                json.loads,
+            )
         return [
             received(
                 message_id,
@@ -428,7 +455,9 @@ class SqliteDriver(Driver):
                 None if checkpoint is None else bytes(checkpoint),
                 group,
             )
-            for _, message_id, body, props, enqueued_at, count, receipt, checkpoint, group in rows
+            for _, message_id, body, props, enqueued_at, count, receipt, checkpoint, group in map(
+                by_seq.__getitem__, picked
+            )
         ]
 
     def _purge(self, conn: sqlite3.Connection, now: float) -> None:
@@ -505,8 +534,34 @@ class SqliteDriver(Driver):
         )
 
     def delete(self, receipts: Sequence[str]) -> list[BaseException | None]:
-        """Delete the leased messages: one fenced statement, one transaction."""
-        return self._update(receipts, "DELETE FROM leasekit_messages", (), lambda receipt: None)
+        """Delete the leased messages: one fenced statement, one transaction.
+
+        The common case first: the statement without ``RETURNING``, committed
+        when it deleted as many rows as it was given receipts. A row is deleted
+        only by its current receipt, and a receipt names one row, so that count
+        says every receipt was held (a repeated one, or an old and the current
+        receipt of one row, make it fall short). Otherwise it is rolled back and
+        :meth:`_update` tells each receipt's outcome, in a transaction of its
+        own, as a later call would. ``RETURNING`` costs about 0.5 µs a row (a
+        tenth of the delete's cost, measured at batches of 10 and 100).
+        """
+        count = len(receipts)
+        if not count:
+            return []
+        sql = _fenced(_DELETE, 0, count, returning=False)
+        with self._lock:
+            conn = self._connection()
+            params = (*receipts, self.queue, self._clock.time())
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                held = conn.execute(sql, params).rowcount == count
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT" if held else "ROLLBACK")
+        if held:
+            return [None] * count
+        return self._update(receipts, _DELETE, (), lambda receipt: None)
 
     def _update(
         self,
@@ -831,7 +886,7 @@ def _receive_statement(count: int) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def _fenced(statement: str, own: int, count: int) -> str:
+def _fenced(statement: str, own: int, count: int, *, returning: bool = True) -> str:
     """``statement`` (``UPDATE … SET …`` or ``DELETE FROM …``) on ``count`` held receipts.
 
     Parameters: the statement's own ``own``, then the ``count`` receipts, the
@@ -840,7 +895,8 @@ def _fenced(statement: str, own: int, count: int) -> str:
     (its leading digits) for the row number it names, so SQLite finds the rows by
     primary key (``+queue`` keeps it from scanning the queue's index instead, its
     choice otherwise even for one row). A malformed receipt names row 0, which
-    no row has (``seq`` starts at 1).
+    no row has (``seq`` starts at 1). Without ``returning``, only the count of
+    changed rows tells what it did.
     """
     first = own + 1
     numbers = range(first, first + count)
@@ -849,7 +905,8 @@ def _fenced(statement: str, own: int, count: int) -> str:
     queue = first + count
     return (
         f"{statement} WHERE seq IN ({rows}) AND receipt IN ({receipts}) AND +queue = ?{queue} "
-        f"AND (expires_at IS NULL OR expires_at > ?{queue + 1}) RETURNING receipt"
+        f"AND (expires_at IS NULL OR expires_at > ?{queue + 1})"
+        + (" RETURNING receipt" if returning else "")
     )
 
 
