@@ -42,6 +42,20 @@ Against the engine's limit (issue 25; docs/benchmarks.md "Per-message cost")::
     .venv/bin/python benchmarks/bench_sqlite.py --only leasekit --only plain \
         --batch 10 --batch 100 --repeat 5 --memory 50000
 
+Where leasekit's time goes (issue 37; docs/benchmarks.md "SQLite against the
+careful plain loop")::
+
+    .venv/bin/python benchmarks/bench_sqlite.py --split --batch 10 --batch 100 \
+        --messages 10000 --repeat 15 --dir /dev/shm
+
+``--split`` adds two rows between the plain loop and leasekit: leasekit's own
+SQL statements run straight on ``sqlite3`` (what its promises ask of the
+engine: the pick in delivery order with the TTL and group rules, the columns a
+lease needs, the TTL in the fence), and its driver alone (``receive`` +
+``delete``, no core); then prints the CPU per message each step adds. Every
+ratio is also given per round (the two runs of a round are made one after the
+other, so machine drift falls on both).
+
 ``--memory N`` also holds ``N`` leases (100-byte bodies) in a ``LeaseKeeper`` and
 reports the Python memory each costs (tracemalloc: the lease, its message, its
 record and its keeper entry; SQLite's own pages are not Python memory).
@@ -191,6 +205,100 @@ def run_plain_sqlite(
     return sent - start, end - sent, cpu
 
 
+def run_leasekit_statements(
+    directory: Path, bodies: list[bytes], batch: int
+) -> tuple[float, float, float]:
+    """leasekit's own SQL, run straight on ``sqlite3``: what its promises ask of the engine.
+
+    The statements the driver runs for a receive and a complete (the pick in
+    delivery order with the TTL and group rules, the update returning what a
+    lease needs, the fenced delete), on a file the driver made, with no Python
+    around them but the loop: the driver's and core's work is what the
+    ``driver`` and ``leasekit`` rows add to this one.
+    """
+    from leasekit.backends import sqlite as backend
+
+    path = directory / "statements.db"
+    send = _fill(path, bodies)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    try:
+        cpu = time.process_time()
+        start = time.perf_counter()
+        done = 0
+        while True:
+            now = time.time()
+            conn.execute("BEGIN IMMEDIATE")
+            picked = [
+                seq
+                for (seq,) in conn.execute(
+                    backend._PICK, {"queue": "bench", "now": now, "limit": batch}
+                )
+            ]
+            rows = (
+                conn.execute(
+                    backend._receive_statement(len(picked)), (now + 60, *picked)
+                ).fetchall()
+                if picked
+                else []
+            )
+            conn.execute("COMMIT")
+            if not rows:
+                break
+            receipts = [row[6] for row in rows]
+            sql = backend._fenced(backend._DELETE, 0, len(receipts), returning=False)
+            conn.execute("BEGIN IMMEDIATE")
+            deleted = conn.execute(sql, (*receipts, "bench", now)).rowcount
+            conn.execute("COMMIT")
+            assert deleted == len(rows), (deleted, len(rows))
+            done += len(rows)
+        end = time.perf_counter()
+        cpu = time.process_time() - cpu
+    finally:
+        conn.close()
+    assert done == len(bodies), (done, len(bodies))
+    return send, end - start, cpu
+
+
+def run_leasekit_driver(
+    directory: Path, bodies: list[bytes], batch: int
+) -> tuple[float, float, float]:
+    """The SQLite driver alone (``receive`` + ``delete``), without core: no leases made."""
+    from leasekit.backends.sqlite import SqliteDriver
+    from leasekit.spi import ReceivedRows
+
+    path = directory / "driver.db"
+    send = _fill(path, bodies)
+    driver = SqliteDriver(queue="bench", path=str(path))
+    try:
+        cpu = time.process_time()
+        start = time.perf_counter()
+        done = 0
+        while messages := driver.receive(batch, 60.0, 0.0):
+            if isinstance(messages, ReceivedRows):
+                receipts = [row[5] for row in messages.rows]
+            else:
+                receipts = [message.receipt for message in messages]
+            results = driver.delete(receipts)
+            assert not any(results), results
+            done += len(messages)
+        end = time.perf_counter()
+        cpu = time.process_time() - cpu
+    finally:
+        driver.close()
+    assert done == len(bodies), (done, len(bodies))
+    return send, end - start, cpu
+
+
+def _fill(path: Path, bodies: list[bytes]) -> float:
+    """Make a leasekit queue ``bench`` in ``path`` holding ``bodies``; the seconds it took."""
+    start = time.perf_counter()
+    with leasekit.open("sqlite", path=str(path), queue="bench", create=True) as queue:
+        queue.send_many(bodies)
+    return time.perf_counter() - start
+
+
 def held_lease_bytes(directory: Path, count: int, size: int) -> tuple[float, float]:
     """Python memory per held lease with its keeper entry (tracemalloc), ``count`` leases.
 
@@ -306,7 +414,16 @@ CONTENDERS: dict[str, Runner] = {
     ),
     "litequeue LiteQueue": run_litequeue,
     "plain sqlite3 (UPDATE … RETURNING, executemany fenced DELETE)": run_plain_sqlite,
+    "split: leasekit's SQL statements alone": run_leasekit_statements,
+    "split: leasekit's SQLite driver alone": run_leasekit_driver,
 }
+#: The rows of ``--split``, from the engine's limit to the whole of leasekit.
+SPLIT = (
+    ("the engine's limit (plain loop)", "plain sqlite3"),
+    ("leasekit's SQL: pick in delivery order, 9 columns back, TTL fence", "split: leasekit's SQL"),
+    ("the driver's Python (rows for core, transactions)", "split: leasekit's SQLite driver"),
+    ("core (Lease objects, records, deadlines, events, checks)", "leasekit (batch complete)"),
+)
 
 
 def main() -> None:
@@ -322,7 +439,15 @@ def main() -> None:
     parser.add_argument(
         "--memory", type=int, default=0, help="also measure bytes per held lease at this many"
     )
+    parser.add_argument(
+        "--split",
+        action="store_true",
+        help="where leasekit's time goes: also run its SQL alone and its driver alone, "
+        "and print the CPU per message each step adds (implies --only for those four)",
+    )
     args = parser.parse_args()
+    if args.split:
+        args.only = [*(args.only or []), "batch complete", "plain", "split:"]
     for batch in args.batch or [100]:
         run_batch(args, batch)
     if args.memory:
@@ -347,6 +472,7 @@ def run_batch(args: argparse.Namespace, batch: int) -> None:
         for name, runner in CONTENDERS.items()
         if not args.only or any(part in name for part in args.only)
     }
+    chosen = {name: runner for name, runner in chosen.items() if args.split or "split:" not in name}
     results = {name: Result(name, [], [], []) for name in chosen}
     for _ in range(args.repeat):
         for name, runner in chosen.items():  # interleaved, so drift hits every contender
@@ -382,6 +508,36 @@ def run_batch(args: argparse.Namespace, batch: int) -> None:
             f"{result.rate('lease', n):,.0f} ({result.spread(n)}) | {ratio} | "
             f"{result.cpu_per_message(n):.1f} | {cpu_ratio} |"
         )
+    plain = next((r for name, r in results.items() if name.startswith("plain sqlite3")), None)
+    if base and plain:
+        # Paired: each round's two runs were made one after the other, so machine
+        # drift falls on both; the spread of the per-round ratios shows the noise.
+        paired = [p / b for b, p in zip(base.lease, plain.lease, strict=True)]
+        cpu_paired = [p / b for b, p in zip(base.cpu, plain.cpu, strict=True)]
+        print(
+            f"\nleasekit ÷ plain loop, per round (msg/s): median {statistics.median(paired):.2f} "
+            f"({min(paired):.2f}–{max(paired):.2f}); by CPU per message: median "
+            f"{statistics.median(cpu_paired):.2f} ({min(cpu_paired):.2f}–{max(cpu_paired):.2f})"
+        )
+    if args.split:
+        print_split(results, n, batch)
+
+
+def print_split(results: dict[str, Result], messages: int, batch: int) -> None:
+    """Each step's CPU µs per message, from the engine's limit up to all of leasekit."""
+    print(f"\nWhere leasekit's CPU per message goes, batches of {batch} (medians):\n")
+    print("| step | adds µs/msg | total µs/msg | share of leasekit |")
+    print("| --- | ---: | ---: | ---: |")
+    rows = [
+        (step, next(r for name, r in results.items() if name.startswith(prefix)))
+        for step, prefix in SPLIT
+    ]
+    total = rows[-1][1].cpu_per_message(messages)
+    before = 0.0
+    for step, result in rows:
+        here = result.cpu_per_message(messages)
+        print(f"| {step} | {here - before:+.1f} | {here:.1f} | {(here - before) / total:.0%} |")
+        before = here
 
 
 if __name__ == "__main__":
