@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .lease import Lease
     from .registry import BackendRegistry
 
-__all__ = ["MAX_HELD", "MAX_TIMELINES", "LeaseReporter"]
+__all__ = ["MAX_HELD", "MAX_TIMELINES", "LeaseReporter", "event_order"]
 
 #: Most held leases reported (a process holding more reports this many, and says so).
 MAX_HELD = 10_000
@@ -179,11 +179,14 @@ class LeaseReporter:
                     self._event(
                         "renewed",
                         held.last_renewal_at or now,
+                        delivery_count=count,
                         renewals=held.renewals,
                         lateness=_ms(held.last_lateness),
                     )
                 )
             timeline.add(self._event("lost", at, delivery_count=count, reason=reason))
+            # Found late (a redelivery may have been seen first): keep the story's order.
+            timeline.events.sort(key=event_order)
 
     @hookimpl
     def leasekit_lease_completed(self, lease: Lease) -> None:
@@ -207,7 +210,14 @@ class LeaseReporter:
             timeline = self._timelines.get((lease.queue.name, lease.message.id))
             if timeline is not None:
                 renewals = 0 if held is None else held.renewals
-                timeline.add(self._event(how, now, renewals=renewals))
+                timeline.add(
+                    self._event(
+                        how,
+                        now,
+                        delivery_count=lease.message.delivery_count,
+                        renewals=renewals,
+                    )
+                )
 
     def _timeline(self, key: tuple[str, str]) -> _Timeline:
         timeline = self._timelines[key] = _Timeline(*key)
@@ -259,6 +269,21 @@ class LeaseReporter:
             "leases_not_listed": dropped,
             "timelines": timelines,
         }
+
+
+#: Where an event goes among events of the same moment and delivery.
+_RANK = {"leased": 0, "renewed": 1, "lost": 2, "redelivered": 3}
+
+
+def event_order(event: dict[str, Any]) -> tuple[int, float, int]:
+    """Sort key of a timeline's events: by delivery, then time, then what happened."""
+    count = event.get("delivery_count")
+    at = event.get("at")
+    return (
+        count if isinstance(count, int) else 0,
+        at if isinstance(at, int | float) else 0.0,
+        _RANK.get(str(event.get("event")), 4),
+    )
 
 
 def _ms(seconds: float | None) -> float | None:

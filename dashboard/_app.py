@@ -30,6 +30,7 @@ from starlette.staticfiles import StaticFiles
 import leasekit
 from leasekit import errors
 from leasekit.capabilities import COUNT_FIELDS
+from leasekit.lease_report import event_order
 from leasekit.queue import Queue
 from leasekit.redaction import redact, redact_url
 from leasekit.spi import DeadLetter, Driver
@@ -297,6 +298,7 @@ class Dashboard:
                             "event": "lost",
                             "at": expires,
                             "consumer": label,
+                            "delivery_count": lease.get("delivery_count"),
                             "reason": "its consumer stopped answering and the lease ended "
                             "(seen by the dashboard)",
                         }
@@ -310,8 +312,8 @@ class Dashboard:
                         merged.setdefault(key, []).append(event)
         timelines: list[tuple[float, dict[str, Any]]] = []
         for (queue, message_id), events in merged.items():
-            events.sort(key=lambda e: _num(e.get("at")) or 0.0)
-            latest = _num(events[-1].get("at")) or 0.0
+            events.sort(key=event_order)
+            latest = max(_num(e.get("at")) or 0.0 for e in events)
             timelines.append(
                 (
                     latest,

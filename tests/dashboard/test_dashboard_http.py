@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -480,7 +481,12 @@ def test_requests_beyond_max_connections_get_a_503() -> None:
         release.set()
         return [await first, await second, third]
 
-    assert asyncio.run(main()) == [200, 200, 503]
+    # On a thread of its own: a test session with a browser has an event loop running here.
+    statuses: list[list[int]] = []
+    runner = threading.Thread(target=lambda: statuses.append(asyncio.run(main())))
+    runner.start()
+    runner.join(30)
+    assert statuses == [[200, 200, 503]]
     assert guard.active == 0
 
 
