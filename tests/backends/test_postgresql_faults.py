@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Callable
 
 import pytest
+from _fixtures.fault_proxy import MakeProxy
 
 import leasekit
 from leasekit import LeaseKeeper, LeaseLost, LeaseState
@@ -206,3 +207,45 @@ def test_a_complete_whose_delete_lands_after_the_lease_was_reported_lost_raises_
         assert int(rows) == 0
         assert queue.lease(1, duration=1, wait=1.5) == []
         queue.delete_queue()
+
+
+def test_a_call_waiting_through_a_cut_reaches_the_server_as_soon_as_it_answers(
+    postgres_server: LocalPostgres, fault_proxy: MakeProxy, record_property: RecordProperty
+) -> None:
+    """A send started in a cut gets through within a fraction of a second of its end.
+
+    The connection pool alone would reconnect at once, 1 s and 3 s after the cut
+    began: a cut ended 1.5 s in is noticed 1.5 s late. The driver makes its own
+    connection every 0.1 s while a caller waits, so the send's wait after the
+    cut is about that; and those connections are its own: at most ``pool_size``,
+    never given to the pool, all closed with the queue.
+    """
+    proxy = fault_proxy(postgres_server.port)
+    url = f"postgresql://postgres@{proxy.host}:{proxy.port}/postgres"
+    name = f"dial-{uuid.uuid4().hex[:8]}"
+    with leasekit.open(postgres_server.url(), queue=name, create=True) as direct:
+        queue = leasekit.open(url, queue=name, call_timeout=10, pool_size=2)
+        shared = queue.driver._shared  # type: ignore[attr-defined]
+        queue.send(b"warm up: a connection is idle")
+        proxy.drop()
+        resets = proxy.stats["resets"]
+        outcome: list[object] = []
+        worker = threading.Thread(target=lambda: outcome.append(queue.send(b"through the cut")))
+        began = time.monotonic()
+        worker.start()
+        # The connects made for the send are being refused: more than the pool's two.
+        _wait_until(lambda: proxy.stats["resets"] >= resets + 4, 5, "connects refused in the cut")
+        _wait_until(lambda: time.monotonic() >= began + 1.5, 3, "1.5 s of the cut")
+        proxy.pass_()
+        back = time.monotonic()
+        worker.join(10)
+        waited = time.monotonic() - back
+        record_property("send_done_after_the_cut_s", round(waited, 3))
+        assert outcome and isinstance(outcome[0], str), outcome
+        assert waited < 0.75, f"the send waited {waited:.2f} s after the cut ended"
+        assert shared.own <= 2
+        bodies = sorted(lz.message.body for lz in direct.lease(2, duration=5))
+        assert bodies == [b"through the cut", b"warm up: a connection is idle"]
+        queue.close()
+        assert shared.own == 0 and shared.idle == []
+        direct.delete_queue()
