@@ -50,7 +50,7 @@ async def until(condition: Callable[[], bool], timeout: float, what: str) -> Non
         await asyncio.sleep(0.02)
 
 
-@pytest.fixture(params=["sqlite", "memory", "sqs"])
+@pytest.fixture(params=["sqlite", "memory", "sqs", "redis"])
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """(url, open options) of a fresh queue on each backend; the queue is created."""
     name = f"tq-{uuid.uuid4().hex[:10]}"
@@ -58,6 +58,8 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str
         url, options = f"sqlite:///{tmp_path}/taskiq.db?queue={name}", {}
     elif request.param == "memory":
         url, options = f"memory://{name}", {}
+    elif request.param == "redis":
+        url, options = f"{request.getfixturevalue('redis_server').url()}?queue={name}", {}
     else:
         moto = request.getfixturevalue("moto_server")
         url, options = "aws-sqs", {"queue": name, **moto.options}
