@@ -23,7 +23,7 @@ from functools import partial
 from typing import Any
 
 from . import errors
-from .aio import AsyncLease, AsyncQueue, off_loop
+from .aio_queue import AsyncLease, AsyncQueue, off_loop
 from .health import Health, HealthLimits, WorkerPulse, assess
 from .keeper import LeaseKeeper
 from .lease import Lease

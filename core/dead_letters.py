@@ -46,8 +46,8 @@ from .error_mapping import wrap_error
 from .spi import DeadLetter, Driver, OutgoingMessage
 
 if TYPE_CHECKING:
+    from .call_runner import CallRunner
     from .lease import Lease
-    from .queue import Queue
 
 __all__ = [
     "DELIVERY_COUNT",
@@ -76,16 +76,17 @@ class DeadLetters:
 
     Parameters
     ----------
-        queue: the queue whose messages these are (its driver and call plumbing).
+        runner: the queue's :class:`~leasekit.call_runner.CallRunner` (its driver,
+            its retries and error mapping).
 
     The dead-letter queue's driver is opened on first use and kept until
     :meth:`close`; thread-safe.
     """
 
-    __slots__ = ("_lock", "_named", "_queue", "_target")
+    __slots__ = ("_lock", "_named", "_runner", "_target")
 
-    def __init__(self, queue: Queue) -> None:
-        self._queue = queue
+    def __init__(self, runner: CallRunner) -> None:
+        self._runner = runner
         self._target: Driver | None = None  # where core copies dead letters (opened on first use)
         self._named: object = _UNKNOWN
         self._lock = threading.Lock()
@@ -102,11 +103,11 @@ class DeadLetters:
         after, so a failure in between leaves a duplicate, never a lost message.
         Raises the leasekit error of the step that failed.
         """
-        queue = self._queue
-        driver = queue.driver
-        if queue.capabilities.native_dead_letter:
+        runner = self._runner
+        driver = runner.driver
+        if runner.capabilities.native_dead_letter:
             raw = lease.raw_message
-            queue._call("dead-letter", lambda: driver.dead_letter(receipt, reason, raw))
+            runner.call("dead-letter", lambda: driver.dead_letter(receipt, reason, raw))
             return
         target = self.target_driver()
         supports = target.capabilities.supports_properties
@@ -124,11 +125,11 @@ class DeadLetters:
                 )
         else:  # pragma: no cover - the last copy is the message as it was received
             raise errors.MessageTooLarge(f"message {lease.message.id!r} fits no dead-letter copy")
-        [deleted] = queue._call(
+        [deleted] = runner.call(
             "dead-letter (delete the original)", partial(driver.delete, [receipt])
         )
         if deleted is not None:
-            raise queue._entry_error(deleted, "dead-letter (delete the original)")
+            raise runner.entry_error(deleted, "dead-letter (delete the original)")
 
     def _send_one(self, driver: Driver, message: OutgoingMessage, doing: str) -> str:
         """Send one message through ``driver`` (the driver's own checks first); raise its error."""
@@ -136,7 +137,7 @@ class DeadLetters:
             driver.validate(message)
         except Exception as exc:
             raise wrap_error(driver, exc, f"{doing} on {driver.queue!r}") from exc
-        [result] = self._queue._call(doing, partial(driver.send, [message]))
+        [result] = self._runner.call(doing, partial(driver.send, [message]))
         if isinstance(result, BaseException):
             error = wrap_error(driver, result, f"{doing} on {driver.queue!r}")
             if error is not result:
@@ -147,7 +148,7 @@ class DeadLetters:
     def peek(self, limit: int) -> list[DeadLetter]:
         """Read up to ``limit`` copies back from the dead-letter queue, without removing them."""
         target = self.target_driver()
-        peeked = self._queue._call("read dead letters", lambda: target.peek(limit))
+        peeked = self._runner.call("read dead letters", lambda: target.peek(limit))
         return [read(raw) for raw in peeked]
 
     def count(self) -> int | None:
@@ -160,14 +161,14 @@ class DeadLetters:
         else:
             try:
                 named = self.named_queue()
-                target = self._sibling(named or self._queue.name + POISON_SUFFIX)
+                target = self._sibling(named or self._runner.name + POISON_SUFFIX)
             except errors.UnsupportedOperation:  # no sibling(): the backend cannot dead-letter
                 return None
             opened = True
         try:
             if not target.capabilities.queue_stats:
                 return None
-            return with_total(self._queue._call("dead-letter queue stats", target.stats)).total
+            return with_total(self._runner.call("dead-letter queue stats", target.stats)).total
         except errors.QueueNotFound:
             return 0
         finally:
@@ -176,14 +177,14 @@ class DeadLetters:
 
     def delete_poison_queue(self) -> None:
         """Delete ``<queue>-poison`` (nothing if the backend has no siblings)."""
-        queue = self._queue
+        runner = self._runner
         try:
-            poison = self._sibling(queue.name + POISON_SUFFIX)
+            poison = self._sibling(runner.name + POISON_SUFFIX)
         except errors.UnsupportedOperation:
             return
         try:
-            with deadline(queue.call_timeout):
-                queue._call("delete poison queue", poison.delete_queue)
+            with deadline(runner.call_timeout):
+                runner.call("delete poison queue", poison.delete_queue)
         finally:
             if poison is not self._target:
                 poison.close()
@@ -191,18 +192,18 @@ class DeadLetters:
     def named_queue(self) -> str | None:
         """The dead-letter queue the service names (asked once), or ``None``."""
         if self._named is _UNKNOWN:
-            driver = self._queue.driver
-            self._named = self._queue._call("find the dead-letter queue", driver.dead_letter_queue)
+            driver = self._runner.driver
+            self._named = self._runner.call("find the dead-letter queue", driver.dead_letter_queue)
         named = self._named
         return named if isinstance(named, str) else None
 
     def open_queue(self) -> Driver:
         """A new driver on the queue dead letters are copied to; the caller closes it."""
-        return self._sibling(self.named_queue() or self._queue.name + POISON_SUFFIX)
+        return self._sibling(self.named_queue() or self._runner.name + POISON_SUFFIX)
 
     def _sibling(self, name: str) -> Driver:
-        driver = self._queue.driver
-        return self._queue._call("open the dead-letter queue", lambda: driver.sibling(name))
+        driver = self._runner.driver
+        return self._runner.call("open the dead-letter queue", lambda: driver.sibling(name))
 
     def target_driver(self) -> Driver:
         """The queue core copies dead letters to (``<queue>-poison``: made on first use)."""
@@ -210,10 +211,10 @@ class DeadLetters:
             if self._target is not None:
                 return self._target
             named = self.named_queue()
-            target = self._sibling(named or self._queue.name + POISON_SUFFIX)
+            target = self._sibling(named or self._runner.name + POISON_SUFFIX)
             if named is None:
                 try:
-                    self._queue._call("create the poison queue", target.create_queue)
+                    self._runner.call("create the poison queue", target.create_queue)
                 except BaseException:
                     target.close()
                     raise

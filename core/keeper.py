@@ -40,12 +40,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from . import errors
 from .lease import Lease
 from .message import LeaseState
 from .options import MAX_SECONDS, as_items, check_callable, check_int, check_number
-from .queue import Queue
+
+if TYPE_CHECKING:
+    from .queue import Queue
 
 __all__ = ["KeeperProgress", "KeeperStats", "LeaseKeeper"]
 

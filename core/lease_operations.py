@@ -25,15 +25,19 @@ from functools import partial
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-from . import errors
+from . import arguments, errors
 from .deadline import deadline, time_left
 from .events import Events
 from .lease import Lease, _raise_first, leases_from_rows
 from .lease_record import RENEW, SETTLE, LeaseBatch, LeaseRecord, settled_together, take_together
+from .lost_leases import watch as watch_lost
 from .message import NO_PROPERTIES, LeaseState, received_message
 from .spi import CheckpointEntry, RawMessage, ReceivedRows, Visibility
 
 if TYPE_CHECKING:
+    # Type-only: a lease and an event payload name their queue; nothing here calls it.
+    from .call_runner import CallRunner
+    from .checkpoints import CheckpointStore
     from .queue import Queue
 
 __all__ = ["MIN_SETTLE_TIMEOUT", "LeaseOperations", "SettleSpec"]
@@ -88,13 +92,27 @@ class LeaseOperations:
 
     Parameters
     ----------
-        queue: the queue whose leases these are (its driver, events and call plumbing).
+        owner: the queue whose leases these are: only named (each lease and event
+            payload names its queue), never called back into.
+        runner: the queue's :class:`~leasekit.call_runner.CallRunner`, through which
+            every driver call goes.
+        events: where the queue's work reports.
+        checkpoint_store: the queue's checkpoint store, or ``None``.
     """
 
-    __slots__ = ("_queue",)
+    __slots__ = ("_events", "_owner", "_runner", "_store")
 
-    def __init__(self, queue: Queue) -> None:
-        self._queue = queue
+    def __init__(
+        self,
+        owner: Queue,
+        runner: CallRunner,
+        events: Events,
+        checkpoint_store: CheckpointStore | None,
+    ) -> None:
+        self._owner = owner
+        self._runner = runner
+        self._events = events
+        self._store = checkpoint_store
 
     # --------------------------------------------------------------- receive
 
@@ -107,18 +125,20 @@ class LeaseOperations:
         right after; a store's checkpoint is read for each message where the
         backend keeps none.
         """
-        queue = self._queue
-        set_after = queue.capabilities.lease_set_after_receive
-        store = queue.checkpoint_store
+        queue = self._owner
+        set_after = self._runner.capabilities.lease_set_after_receive
+        store = self._store
         if type(batch) is ReceivedRows:
             if not set_after and store is None:  # plain rows: no RawMessage at all
-                return leases_from_rows(queue, batch, seconds, started + seconds, time.monotonic())
+                return watch_lost(
+                    leases_from_rows(queue, batch, seconds, started + seconds, time.monotonic())
+                )
             batch = batch.messages()
         leases = []
         now = time.time()
         # One of each per receive, shared by its leases: the lock and events, the
         # receive time, and (unless set after) the deadline.
-        shared = LeaseBatch(queue.events)
+        shared = LeaseBatch(self._events)
         new_record, new_lease = LeaseRecord.create, Lease._received
         received = time.monotonic()
         deadline = started + seconds
@@ -144,7 +164,7 @@ class LeaseOperations:
             leases.append(new_lease(queue, message, raw.raw, record, received))
         if set_after:
             leases = self._apply_duration(leases, seconds)
-        return leases
+        return watch_lost(leases)  # for a driver that reports lost leases itself
 
     def _stored_checkpoint(self, message_id: str) -> bytes | None:
         """The store's checkpoint for a received message; ``None`` (logged) if it cannot be read.
@@ -152,7 +172,7 @@ class LeaseOperations:
         Starting over is always correct, only slower: a store that fails must not
         keep a leased message from its handler.
         """
-        store = self._queue.checkpoint_store
+        store = self._store
         assert store is not None
         try:
             return store.load(message_id)
@@ -167,7 +187,7 @@ class LeaseOperations:
     def _apply_duration(self, leases: list[Lease], seconds: float) -> list[Lease]:
         """Set the lease duration right after receive where the receive could not (MNS)."""
         now = time.time()
-        resolution = self._queue.capabilities.lease_resolution
+        resolution = self._runner.capabilities.lease_resolution
         change = [
             lease
             for lease in leases
@@ -202,10 +222,10 @@ class LeaseOperations:
         ``limit`` is the caller's timeout for the whole call (see
         :meth:`leasekit.Queue.complete_many`); results as that method gives.
         """
-        queue = self._queue
+        queue = self._owner
         results: list[Any] = [None] * len(leases)
         done: list[Lease] = []
-        with queue.events.bracket(
+        with self._events.bracket(
             "settle",
             lambda error: {
                 "queue": queue,
@@ -222,9 +242,9 @@ class LeaseOperations:
                 if spec.state is LeaseState.COMPLETED:
                     self.discard_checkpoints(done)
             finally:
-                if done and queue.events.observed(spec.hook):
+                if done and self._events.observed(spec.hook):
                     for lease in done:
-                        queue.events.emit(spec.hook, lease=lease, **spec.hook_kwargs)
+                        self._events.emit(spec.hook, lease=lease, **spec.hook_kwargs)
         return results
 
     def _settle_batches(
@@ -278,7 +298,7 @@ class LeaseOperations:
                         else:
                             results[i] = lost_meanwhile
                         continue
-                    failure = self._queue._entry_error(result, action)
+                    failure = self._runner.entry_error(result, action)
                     lease._record.failed(lease, failure)
                     results[i] = failure
         _copy_repeats(results, repeats)
@@ -311,10 +331,7 @@ class LeaseOperations:
         and takes the general path whenever an observer listens to the settle
         or its hook, or a checkpoint store wants its entry discarded.
         """
-        queue = self._queue
-        if queue.checkpoint_store is not None or queue.events.observed_any(
-            (*_SETTLE_EVENTS, spec.hook)
-        ):
+        if self._store is not None or self._events.observed_any((*_SETTLE_EVENTS, spec.hook)):
             _raise_first(self.settle((lease,), spec, None))
             return
         receipt = lease._record.take(SETTLE, spec.action, lease.message.id)
@@ -340,7 +357,7 @@ class LeaseOperations:
                 record.release()
                 return self._late(spec.action)
             try:
-                [result] = self._queue._call(spec.action, partial(spec.call, [receipt]))
+                [result] = self._runner.call(spec.action, partial(spec.call, [receipt]))
             except errors.LeaseError as exc:
                 record.failed(lease, exc)
                 raise
@@ -349,7 +366,7 @@ class LeaseOperations:
                 raise
         if result is None:
             return record.settled(spec.state)  # the error if it was reported lost meanwhile
-        failure = self._queue._entry_error(result, spec.action)
+        failure = self._runner.entry_error(result, spec.action)
         record.failed(lease, failure)
         return failure
 
@@ -366,8 +383,8 @@ class LeaseOperations:
         :class:`LeaseLost` marks it lost); the call runs under the lease's
         settle deadline, within ``limit``.
         """
-        queue = self._queue
-        with queue.events.bracket(
+        queue = self._owner
+        with self._events.bracket(
             "settle",
             lambda error: {
                 "queue": queue,
@@ -388,7 +405,7 @@ class LeaseOperations:
             if lost is not None:  # reported lost while the move was in flight: it stays so
                 raise lost
             self.discard_checkpoints([lease])
-            queue.events.emit("leasekit_lease_dead_lettered", lease=lease, reason=reason)
+            self._events.emit("leasekit_lease_dead_lettered", lease=lease, reason=reason)
 
     # ------------------------------------------------------------ checkpoint
 
@@ -400,7 +417,6 @@ class LeaseOperations:
         receipt and expiry recorded; raises the entry's error (a
         :class:`LeaseLost` marks the lease lost and nothing was saved).
         """
-        queue = self._queue
         record = lease._record
         with self._holding(lease, RENEW, "checkpoint") as receipt:
             seconds = record.duration
@@ -408,11 +424,11 @@ class LeaseOperations:
             timeout = self.lease_timeout([lease], limit, settle=False)
             started = time.monotonic()
             with deadline(timeout):
-                [result] = queue._call(
-                    "checkpoint", partial(queue.driver.checkpoint, [entry], seconds)
+                [result] = self._runner.call(
+                    "checkpoint", partial(self._runner.driver.checkpoint, [entry], seconds)
                 )
         if not isinstance(result, Visibility):
-            failure = queue._entry_error(result, "checkpoint")
+            failure = self._runner.entry_error(result, "checkpoint")
             record.failed(lease, failure)
             raise failure
         lost = record.renewed(
@@ -421,7 +437,7 @@ class LeaseOperations:
             result.visible_until,
             seconds,
             started,
-            late_is_lost=not queue.capabilities.detects_stale_receipts,
+            late_is_lost=not self._runner.capabilities.detects_stale_receipts,
         )
         if lost is not None:
             raise lost
@@ -434,10 +450,15 @@ class LeaseOperations:
         a later holder's checkpoint refuses it, and the lease is marked lost (see
         :mod:`leasekit.checkpoints`).
         """
-        queue = self._queue
-        store = queue.checkpoint_store
+        store = self._store
         assert store is not None
-        renewed = queue.renew_many([lease], timeout=limit)[0]
+        runner = self._runner
+        renewed = (
+            arguments.past_total_cap(
+                runner.capabilities, runner.driver.scheme, lease, lease.duration
+            )
+            or self.renew([lease], [lease.duration], limit)[0]
+        )
         if renewed is not None:
             raise renewed
         message = lease.message
@@ -473,7 +494,7 @@ class LeaseOperations:
         a store call; a failure is logged, never raised: the entry is then never
         read again (the message is gone) and the store's retention purges it.
         """
-        store = self._queue.checkpoint_store
+        store = self._store
         if store is None:
             return
         for lease in leases:
@@ -515,8 +536,8 @@ class LeaseOperations:
         ``leasekit_lease_renewed`` are emitted (the latter with the lease's
         ``lateness``, when given, by position).
         """
-        queue = self._queue
-        events = queue.events if event else _QUIET
+        queue = self._owner
+        events = self._events if event else _QUIET
         results: list[Any] = [None] * len(leases)
         renewed: list[int] = []  # positions
         with events.bracket(
@@ -551,9 +572,8 @@ class LeaseOperations:
         renewed: list[int],
     ) -> None:
         """The work of :meth:`renew`: results to ``results``, renewed positions to ``renewed``."""
-        queue = self._queue
         taken, repeats = self._take(leases, RENEW, "renew", results)
-        caps = queue.capabilities
+        caps = self._runner.capabilities
         late_is_lost = not caps.detects_stale_receipts
         if late_is_lost:
             taken = self._drop_expired(taken, results)
@@ -578,7 +598,7 @@ class LeaseOperations:
                 started = time.monotonic()
                 outcome = self._batch_call(
                     "renew",
-                    partial(queue.driver.change_visibility, receipts, physical),
+                    partial(self._runner.driver.change_visibility, receipts, physical),
                     left,
                     chunks,
                     position,
@@ -598,7 +618,7 @@ class LeaseOperations:
                             renewed.append(i)
                         results[i] = lost
                         continue
-                    failure = queue._entry_error(result, "renew")
+                    failure = self._runner.entry_error(result, "renew")
                     lease._record.failed(lease, failure)
                     results[i] = failure
         _copy_repeats(results, repeats)
@@ -626,15 +646,16 @@ class LeaseOperations:
 
         The caller has checked the capability, the group and that the lease is held.
         """
-        queue = self._queue
         receipt = lease.receipt
         with deadline(self.lease_timeout([lease], limit, settle=False)):
             if write:
-                queue._call(
-                    "set_group_state", partial(queue.driver.set_group_state, receipt, state)
+                self._runner.call(
+                    "set_group_state", partial(self._runner.driver.set_group_state, receipt, state)
                 )
                 return None
-            return queue._call("group_state", partial(queue.driver.group_state, receipt))
+            return self._runner.call(
+                "group_state", partial(self._runner.driver.group_state, receipt)
+            )
 
     # ------------------------------------------------------------- machinery
 
@@ -674,7 +695,7 @@ class LeaseOperations:
             left = min([lease._record.deadline for lease in leases]) - time.monotonic()
         if settle or left <= 0:  # a renewal past the deadline: where stale receipts are refused
             left = max(left, MIN_SETTLE_TIMEOUT)
-        return min(left, self._queue.call_timeout if limit is None else limit)
+        return min(left, self._runner.call_timeout if limit is None else limit)
 
     @staticmethod
     def _take(
@@ -739,7 +760,7 @@ class LeaseOperations:
         chunk = chunks[position]
         try:
             with deadline(timeout):
-                return list(self._queue._call(action, fn))
+                return list(self._runner.call(action, fn))
         except errors.LeaseError as exc:
             if not raise_whole:
                 return [exc] * len(chunk)
@@ -773,7 +794,7 @@ class LeaseOperations:
     def _late(self, action: str) -> errors.BackendUnavailable:
         """The result of a lease whose call's deadline passed before it was sent."""
         return errors.BackendUnavailable(
-            f"{action} on {self._queue.name!r}: the call's timeout passed before this lease's "
+            f"{action} on {self._runner.name!r}: the call's timeout passed before this lease's "
             "batch was sent (nothing was asked of the backend; the lease is still held)"
         )
 

@@ -26,6 +26,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from . import arguments, errors
+from .call_runner import CallRunner
 from .capabilities import Capabilities
 from .checkpoints import CheckpointStore
 from .dead_letters import DeadLetters, with_total
@@ -131,10 +132,12 @@ class Queue:
         self._events = Events(hooks)
         self._closed = False
         self._log = _log
-        self._operations = LeaseOperations(self)
+        #: Every driver call goes through it: the queue's and its parts' alike.
+        self._runner = CallRunner(driver, self._retry, self._call_timeout)
+        self._operations = LeaseOperations(self, self._runner, self._events, self._checkpoint_store)
         #: How a completion is done (made on first use, remade if the capabilities change).
         self._complete_spec: SettleSpec | None = None
-        self._dead_letters = DeadLetters(self)
+        self._dead_letters = DeadLetters(self._runner)
         caps = driver.capabilities
         if lease_duration is None:
             default = caps.fixed_lease if caps.fixed_lease is not None else 30.0
@@ -242,9 +245,9 @@ class Queue:
 
     def _send_outgoing(self, outgoing: OutgoingMessage) -> str:
         with deadline(self._call_timeout):
-            [result] = self._call("send", partial(self._driver.send, [outgoing]))
+            [result] = self._runner.call("send", partial(self._driver.send, [outgoing]))
         if isinstance(result, BaseException):
-            raise self._entry_error(result, "send")
+            raise self._runner.entry_error(result, "send")
         return result
 
     def send_many(
@@ -304,13 +307,14 @@ class Queue:
                 continue
             try:
                 with deadline(self._call_timeout):
-                    sent = self._call("send", partial(self._driver.send, chunk))
+                    sent = self._runner.call("send", partial(self._driver.send, chunk))
             except errors.LeaseError as exc:
                 failure = exc
                 results += [exc] * len(chunk)
                 continue
             results += [
-                self._entry_error(r, "send") if isinstance(r, BaseException) else r for r in sent
+                self._runner.entry_error(r, "send") if isinstance(r, BaseException) else r
+                for r in sent
             ]
         failed = [r for r in results if isinstance(r, errors.LeaseError)]
         if failed:
@@ -435,7 +439,7 @@ class Queue:
                 call_wait = math.floor(call_wait / caps.wait_resolution) * caps.wait_resolution
             started = time.monotonic()
             with deadline(call_wait + self._call_timeout):
-                batch = self._call(
+                batch = self._runner.call(
                     "receive", partial(self._driver.receive, want, seconds, call_wait)
                 )
                 leases.extend(self._operations.leases_from(batch, seconds, started))
@@ -505,7 +509,7 @@ class Queue:
             raise errors.UnsupportedOperation(f"{self._driver.scheme} cannot report queue stats")
         derived = caps.counted - caps.counts  # core's to fill in
         with deadline(self._call_timeout):
-            counts = self._call("stats", self._driver.stats)
+            counts = self._runner.call("stats", self._driver.stats)
             if "total" in derived:
                 counts = with_total(counts)
             if "dead_lettered" in derived:
@@ -528,7 +532,9 @@ class Queue:
             )
         with deadline(self._call_timeout):
             if self.capabilities.native_dead_letter:
-                return self._call("read dead letters", lambda: self._driver.dead_letters(limit))
+                return self._runner.call(
+                    "read dead letters", lambda: self._driver.dead_letters(limit)
+                )
             return self._dead_letters.peek(limit)
 
     def redrive(
@@ -557,7 +563,7 @@ class Queue:
         """Create the queue if it does not exist."""
         self._require_open()
         with deadline(self._call_timeout):
-            self._call("create queue", self._driver.create_queue)
+            self._runner.call("create queue", self._driver.create_queue)
 
     def delete_queue(self) -> None:
         """Delete the queue and its messages, and ``<queue>-poison`` if core dead-letters there.
@@ -571,7 +577,7 @@ class Queue:
             if not self.capabilities.native_dead_letter:
                 with contextlib.suppress(errors.QueueNotFound):  # asked before it is gone
                     named = self._dead_letters.named_queue()
-            self._call("delete queue", self._driver.delete_queue)
+            self._runner.call("delete queue", self._driver.delete_queue)
             if self.capabilities.native_dead_letter or named is not None:
                 return
         self._dead_letters.delete_poison_queue()
@@ -858,13 +864,6 @@ class Queue:
                 "held lease reads or sets its group's state"
             )
 
-    def _entry_error(self, result: BaseException, action: str) -> errors.LeaseError:
-        """The leasekit error for one entry's raw ``result``, with it as the cause."""
-        error = wrap_error(self._driver, result, f"{action} on {self.name!r}")
-        if error is not result:
-            error.__cause__ = result
-        return error
-
     def _check_own(self, leases: Sequence[Lease]) -> Sequence[Lease]:
         """``leases`` as a sequence, each a lease of this queue (else InvalidArgument)."""
         leases = as_items(leases, "leases")
@@ -940,13 +939,3 @@ class Queue:
     def _require_open(self) -> None:
         if self._closed:
             raise errors.LeaseStateError(f"queue {self.name!r} is closed; open it again")
-
-    def _call(self, doing: str, fn: Callable[[], T]) -> T:
-        """Call the driver with core's retries (within the deadline); wrap its error once."""
-        try:
-            return self._retry.call(fn, self._driver.is_retryable)
-        except Exception as exc:
-            error = wrap_error(self._driver, exc, f"{doing} on {self.name!r}")
-            if error is exc:
-                raise
-            raise error from exc

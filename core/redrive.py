@@ -26,13 +26,16 @@ import contextlib
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from . import dead_letters, errors
 from .keeper import LeaseKeeper
 from .lease import Lease
 from .options import check_callable, check_int, check_number
-from .queue import Queue
 from .spi import DeadLetter, Driver
+
+if TYPE_CHECKING:
+    from .queue import Queue
 
 __all__ = ["BATCH", "LEASE", "Progress", "redrive"]
 
@@ -149,7 +152,9 @@ def _dead_letter_source(queue: Queue, lease_duration: float | None) -> Queue:
         lease_duration = caps.fixed_lease
     lease_duration = min(max(lease_duration, caps.min_lease), caps.max_lease)
     try:
-        return Queue(
+        # The source's own class: this module needs Queue for its types only, so
+        # that queue.py (whose redrive() calls in here) and it form no import circle.
+        return type(queue)(
             driver,
             lease_duration=lease_duration,
             retry=queue.retry_policy,
