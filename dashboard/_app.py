@@ -142,6 +142,11 @@ class Dashboard:
             queues = [queues]
         if not queues:
             raise errors.InvalidArgument("the dashboard needs at least one queue (URL or Queue)")
+        for item in queues:
+            if not isinstance(item, str | Queue):
+                raise errors.InvalidArgument(f"a queue is a URL or a leasekit.Queue, got {item!r}")
+        _positive(interval, "interval")
+        _positive(redrive_rate, "redrive_rate")
         # Everything that can be refused first: no queue is opened for nothing.
         self.conformance = [_load_report(Path(p)) for p in conformance]
         self.consumers = [ConsumerSource(_leases_url(url)) for url in consumers]
@@ -152,7 +157,7 @@ class Dashboard:
             if isinstance(item, Queue):
                 queue = item
                 shown = f"{queue.driver.scheme}:{queue.name}"
-            elif isinstance(item, str):
+            else:
                 try:
                     queue = leasekit.open(item, **(options or {}))
                 except BaseException:
@@ -161,8 +166,6 @@ class Dashboard:
                     raise
                 self._owned.append(queue)
                 shown = redact_url(item)
-            else:
-                raise errors.InvalidArgument(f"a queue is a URL or a leasekit.Queue, got {item!r}")
             qid = _slug(queue.name, self.targets)
             every = max(float(interval), min_interval(queue.driver.scheme))
             self.targets[qid] = QueueTarget(queue, every)
@@ -420,6 +423,12 @@ class Dashboard:
 _SLUG = re.compile(r"[^A-Za-z0-9._-]+")
 
 
+def _positive(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e9:
+        raise errors.InvalidArgument(f"{name} must be a positive number, got {value!r}")
+    return float(value)
+
+
 def _slug(name: str, taken: dict[str, Any]) -> str:
     base = _SLUG.sub("-", name).strip("-")[:60] or "queue"
     for n in itertools.count(1):
@@ -546,6 +555,10 @@ def app(
     """
     if isinstance(queues, str | Queue):
         queues = [queues]
+    if isinstance(max_connections, bool) or not isinstance(max_connections, int):
+        raise errors.InvalidArgument(f"max_connections must be an int, got {max_connections!r}")
+    if max_connections < 1:
+        raise errors.InvalidArgument(f"max_connections must be at least 1, got {max_connections}")
     dash = Dashboard(
         queues,
         consumers=consumers,

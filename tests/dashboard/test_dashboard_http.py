@@ -561,3 +561,19 @@ def test_a_test_message_too_large_gets_a_400_and_a_huge_form_a_413(make_client) 
         huge = client.post("/queues/small/send", data={"csrf": csrf, "body": "x" * MAX_FORM})
         assert huge.status_code == 413
         assert queue.stats().visible == 0
+
+
+@pytest.mark.parametrize(
+    ("queues", "kwargs", "words"),
+    [
+        ([], {}, "at least one queue"),
+        ([42], {}, "a queue is a URL"),
+        (["memory://a"], {"interval": 0}, "interval must be"),
+        (["memory://a"], {"redrive_rate": -1}, "redrive_rate must be"),
+        (["memory://a"], {"max_connections": 0}, "max_connections must be"),
+        (["nosuch://a"], {}, "nosuch"),
+    ],
+)
+def test_the_app_refuses_bad_arguments_up_front(queues, kwargs, words) -> None:
+    with pytest.raises(leasekit.LeaseError, match=words):
+        app(queues, **kwargs)
