@@ -588,7 +588,11 @@ class PubSubDriver(Driver):
     # ------------------------------------------------------------------ admin
 
     def create_queue(self) -> None:
-        """Create the topic, any dead-letter topic and the subscription; keep existing ones."""
+        """Create the topic, the subscription and any dead-letter topic; keep existing ones.
+
+        A dead-letter topic gets a subscription of its own name, which keeps its
+        messages (a topic keeps none without a subscription).
+        """
         from google.api_core import exceptions
 
         publisher, subscriber = self._api()
@@ -602,6 +606,14 @@ class PubSubDriver(Driver):
             "enable_exactly_once_delivery": self.exactly_once,
         }
         if self.dead_letter_topic is not None:
+            # The dead-letter topic's subscription of the same name keeps what
+            # reaches the topic (a topic keeps nothing without one) for reading back.
+            keeper = self.dead_letter_topic.replace("/topics/", "/subscriptions/")
+            with contextlib.suppress(exceptions.AlreadyExists):
+                self._call(
+                    subscriber.create_subscription,
+                    {**request, "name": keeper, "topic": self.dead_letter_topic},
+                )
             request["dead_letter_policy"] = {
                 "dead_letter_topic": self.dead_letter_topic,
                 "max_delivery_attempts": self.max_delivery_attempts,
