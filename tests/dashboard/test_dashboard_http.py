@@ -577,3 +577,53 @@ def test_a_test_message_too_large_gets_a_400_and_a_huge_form_a_413(make_client) 
 def test_the_app_refuses_bad_arguments_up_front(queues, kwargs, words) -> None:
     with pytest.raises(leasekit.LeaseError, match=words):
         app(queues, **kwargs)
+
+
+def test_the_cli_serves_on_loopback_and_prints_the_token_once(tmp_path: Path) -> None:
+    import http.cookiejar
+    import socket
+
+    url = f"sqlite:///{tmp_path}/cli.db?queue=jobs"
+    with leasekit.open(url, create=True) as queue:
+        queue.send(b"x")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "leasekit", "dashboard", url, "--port", str(port), "--read-only"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stderr is not None
+        line = server.stderr.readline()
+        match = re.search(r"open (http://127\.0\.0\.1:\d+/\?token=(\S+))", line)
+        assert match and "(read-only)" in line, line
+        login, token = match.groups()
+        jar = http.cookiejar.CookieJar()
+        opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({}), urllib.request.HTTPCookieProcessor(jar)
+        )
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with opener.open(login, timeout=5) as response:
+                    page = response.read().decode()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the dashboard did not start"
+                time.sleep(0.1)
+        assert response.url == f"http://127.0.0.1:{port}/"  # redirected without the token
+        assert ">jobs<" in page and token not in page
+        assert [c.name for c in jar] == ["leasekit_dashboard"]
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+                f"http://127.0.0.1:{port}/api/queues", timeout=5
+            )
+        assert caught.value.code == 401  # no cookie, no page
+    finally:
+        server.terminate()
+        server.wait(10)
+        assert server.stderr is not None
+        rest = server.stderr.read()
+    assert "token=" not in rest  # printed once, never logged again
