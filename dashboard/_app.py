@@ -880,10 +880,10 @@ class _Views:
             raws = await run_in_threadpool(driver.peek, int(count))
         except errors.LeaseError:
             raise
-        except Exception as exc:  # the driver's raw error: classified as core does
-            from leasekit.error_mapping import wrap_error
-
-            raise wrap_error(driver, exc, f"peek on {target.queue.name!r}") from exc
+        except Exception as exc:  # the driver's raw error (Queue has no peek to map it)
+            raise errors.BackendError(
+                f"peek on {target.queue.name!r} failed: {type(exc).__name__}: {redact(str(exc))}"
+            ) from exc
         peeked = [
             {
                 "id": raw.id,
