@@ -806,6 +806,9 @@ class _Shared:
     #: (monotonic) the last attempt failed.
     dialing: bool = False
     dial_failed_at: float = -math.inf
+    #: The last such attempt's error when no retry mends it (the server refused
+    #: the password, role or database: see :func:`_connect_failure`), else None.
+    dial_error: Exception | None = None
 
     def __post_init__(self) -> None:
         _ALL_SHARED.add(self)
@@ -897,8 +900,14 @@ class _Shared:
         """
         from psycopg_pool import PoolTimeout
 
+        began = time.monotonic()
         while True:
             if self.cut:
+                error = self.dial_error
+                if error is not None and self.dial_failed_at >= began:
+                    # The server answers, and refuses: waiting mends nothing. (A
+                    # copy: other waiting callers may raise the same one.)
+                    raise type(error)(*error.args) from error
                 with self.idle_lock:
                     made = self.idle.pop() if self.idle and self.pool is pool else None
                 if made is not None:
@@ -915,7 +924,8 @@ class _Shared:
                 )
             except PoolTimeout:
                 if until - time.monotonic() <= 0:
-                    raise
+                    waited = time.monotonic() - began
+                    raise PoolTimeout(f"couldn't get a connection in {waited:.2f} s") from None
                 if self.cut:
                     self._start_dial(pool)
                 continue
@@ -947,12 +957,14 @@ class _Shared:
 
         try:
             conn = psycopg.connect(self.conninfo, **self.kwargs)
-        except Exception:
+        except Exception as exc:
             with self.idle_lock:
                 self.dialing = False
                 self.own -= 1
+                self.dial_error = exc if _connect_failure(exc) is not None else None
                 self.dial_failed_at = time.monotonic()
             return
+        self.dial_error = None
         conn._leasekit_own = True  # type: ignore[attr-defined]
         conn._leasekit_keep_until = time.monotonic() + KEEP_FOR  # type: ignore[attr-defined]
         with self.idle_lock:

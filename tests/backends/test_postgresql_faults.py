@@ -249,3 +249,41 @@ def test_a_call_waiting_through_a_cut_reaches_the_server_as_soon_as_it_answers(
         queue.close()
         assert shared.own == 0 and shared.idle == []
         direct.delete_queue()
+
+
+def test_a_password_changed_during_a_cut_ends_the_waiting_call_as_authentication_failed(
+    postgres_server: LocalPostgres, fault_proxy: MakeProxy, record_property: RecordProperty
+) -> None:
+    """After a cut, the server refusing the password is final: no wait until the deadline."""
+    role = f"lk_{uuid.uuid4().hex[:8]}"
+    postgres_server.create_role(role, "before-the-cut")
+    proxy = fault_proxy(postgres_server.port)
+    url = f"postgresql://{role}@{proxy.host}:{proxy.port}/postgres?schema={role}"
+    queue = leasekit.open(url, queue="jobs", password="before-the-cut", call_timeout=10)
+    queue.create()
+    queue.send(b"warm up: a connection is idle")
+    proxy.drop()
+    postgres_server.psql(f"ALTER ROLE {role} PASSWORD 'after-the-cut'")
+    outcome: list[BaseException | None] = []
+
+    def send() -> None:
+        try:
+            queue.send(b"x")
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=send)
+    worker.start()
+    _wait_until(lambda: proxy.stats["resets"] >= 2, 5, "the send to meet the cut")
+    proxy.pass_()
+    back = time.monotonic()
+    worker.join(15)
+    took = time.monotonic() - back
+    record_property("refused_after_the_cut_s", round(took, 2))
+    [error] = outcome
+    assert isinstance(error, leasekit.AuthenticationFailed), error
+    assert took < 5, f"the send waited {took:.1f} s for a server that refuses it"
+    assert "before-the-cut" not in str(error) and "after-the-cut" not in str(error)
+    queue.close()
+    postgres_server.psql(f"DROP SCHEMA {role} CASCADE")
