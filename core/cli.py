@@ -957,30 +957,30 @@ def _resumable_demo(
         raise typer.Exit(3)
 
 
-@app.command("spark-demo", cls=_Command)
-def spark_demo(
-    messages: Annotated[int, typer.Option(metavar="N", help="Sensor readings to send.")] = 2000,
-    batch: Annotated[int, typer.Option(metavar="N", help="Messages per micro-batch.")] = 500,
-    fail_batch: Annotated[
-        int, typer.Option(metavar="N", help="Micro-batch that fails once (-1: none).")
-    ] = 1,
-    directory: Annotated[
-        str | None,
-        typer.Option("--dir", metavar="DIR", help="Keep the queue, checkpoint and Parquet here."),
-    ] = None,
-) -> None:
-    r"""Queue → Spark stream → Parquet, with a failure: nothing lost (needs \[spark])."""
-    from leasekit.plugins.spark.cli import spark_demo as run
+#: The entry-point group through which a plugin adds commands to ``leasekit``: each
+#: names a function that takes the typer app and defines its commands on it
+#: (importing nothing heavy until one runs). Core imports no plugin itself.
+COMMANDS_GROUP = "leasekit.commands"
 
-    ok = run(
-        messages=messages,
-        batch=batch,
-        fail_batch=None if fail_batch < 0 else fail_batch,
-        directory=directory,
-        console=console,
-    )
-    if not ok:
-        raise typer.Exit(1)
+
+def _add_plugin_commands(target: typer.Typer) -> None:
+    """Add the commands installed plugins register (entry points of :data:`COMMANDS_GROUP`).
+
+    A plugin whose registration fails is left out with a warning on stderr: a
+    broken plugin must not take the whole command line down with it.
+    """
+    for entry in sorted(
+        importlib.metadata.entry_points(group=COMMANDS_GROUP), key=lambda e: e.name
+    ):
+        try:
+            entry.load()(target)
+        except Exception as exc:
+            err_console.print(
+                f"[yellow]warning:[/] the {entry.name!r} command could not be added: {exc!r}"
+            )
+
+
+_add_plugin_commands(app)
 
 
 def main() -> None:

@@ -2,10 +2,42 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
+import typer
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["spark_demo"]
+__all__ = ["register", "spark_demo"]
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``leasekit spark-demo`` to the command line (entry point ``leasekit.commands``)."""
+    from leasekit.cli_base import Command
+
+    @app.command("spark-demo", cls=Command)
+    def spark_demo_command(
+        messages: Annotated[int, typer.Option(metavar="N", help="Sensor readings to send.")] = 2000,
+        batch: Annotated[int, typer.Option(metavar="N", help="Messages per micro-batch.")] = 500,
+        fail_batch: Annotated[
+            int, typer.Option(metavar="N", help="Micro-batch that fails once (-1: none).")
+        ] = 1,
+        directory: Annotated[
+            str | None,
+            typer.Option(
+                "--dir", metavar="DIR", help="Keep the queue, checkpoint and Parquet here."
+            ),
+        ] = None,
+    ) -> None:
+        r"""Queue → Spark stream → Parquet, with a failure: nothing lost (needs \[spark])."""
+        ok = spark_demo(
+            messages=messages,
+            batch=batch,
+            fail_batch=None if fail_batch < 0 else fail_batch,
+            directory=directory,
+        )
+        if not ok:
+            raise typer.Exit(1)
 
 
 def spark_demo(
