@@ -18,9 +18,18 @@ Scenarios:
                     ``queue.complete_many`` (one Acknowledge)
     leasekit, 30 s  the same with ``duration=30``: one ModifyAckDeadline per pull
 
-Run (about a minute)::
+With ``--consumers``, a second table: ``leasekit.Consumer`` (no-op handler,
+8 threads, ``lease_duration`` 60 s — the subscription's deadline, no
+ModifyAckDeadline after a pull — and 30 s) against the client's own streaming subscriber
+(``SubscriberClient.subscribe`` with a callback that only acks, default flow
+control), each draining ``--messages`` already published; the clock stops when
+the last message was handled (the Consumer completes each before counting it;
+the streaming subscriber's acks are still in flight then, batched by its
+dispatcher).
 
-    .venv/bin/python benchmarks/bench_gcp_pubsub.py --messages 3000 --depth 500 --repeat 5
+Run (about two minutes)::
+
+    cd benchmarks && ../.venv/bin/python bench_gcp_pubsub.py --messages 3000 --repeat 5 --consumers
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import os
 import platform
 import secrets
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -111,11 +121,89 @@ def measure(scenario: Scenario, messages: int, depth: int) -> dict[str, float]:
     return {"rate": moved / wall, "cpu_us": cpu / moved * 1e6}
 
 
+def streaming_drain(scenario: Scenario, total: int) -> float:
+    """Seconds until the client's streaming subscriber has called back ``total`` times."""
+    done = threading.Event()
+    count = 0
+    lock = threading.Lock()
+
+    def callback(message: Any) -> None:
+        nonlocal count
+        message.ack()
+        with lock:
+            count += 1
+            if count >= total:
+                done.set()
+
+    started = time.perf_counter()
+    future = scenario.subscriber.subscribe(scenario.subscription, callback)
+    try:
+        if not done.wait(300):
+            raise RuntimeError(f"the streaming subscriber handled {count} of {total} in time")
+        return time.perf_counter() - started
+    finally:
+        future.cancel()
+        future.result(timeout=30)
+
+
+def consumer_drain(lease: float) -> Callable[[Scenario, int], float]:
+    def drain(scenario: Scenario, total: int) -> float:
+        """Seconds until ``leasekit.Consumer`` (8 threads, no-op handler) completed ``total``."""
+        consumer = leasekit.Consumer(
+            scenario.queue,
+            lambda message: None,
+            concurrency=8,
+            lease_duration=lease,
+            handle_signals=False,
+        )
+        runner = threading.Thread(target=consumer.run, name="bench-consumer")
+        start = time.perf_counter()
+        runner.start()
+        while consumer.stats.completed < total and time.perf_counter() < start + 300:
+            time.sleep(0.01)  # sampling the counter; the work happens in the consumer
+        finished = time.perf_counter()
+        consumer.stop()
+        runner.join()
+        if consumer.stats.completed < total:
+            raise RuntimeError(f"consumer completed {consumer.stats.completed} of {total}")
+        return finished - start
+
+    return drain
+
+
+def compare_consumers(address: str, messages: int, repeat: int) -> None:
+    kinds = {
+        "client's streaming subscriber": streaming_drain,
+        "leasekit.Consumer, 60 s leases": consumer_drain(60),
+        "leasekit.Consumer, 30 s leases": consumer_drain(30),
+    }
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in kinds}
+    for _ in range(repeat):
+        for name, drain in kinds.items():
+            scenario = Scenario(name, address, raw_drain)
+            try:
+                scenario.publish(messages)
+                cpu = time.process_time()
+                seconds = drain(scenario, messages)
+                runs[name].append((messages / seconds, (time.process_time() - cpu) / messages))
+            finally:
+                scenario.close()
+    base = statistics.median(r[0] for r in runs["client's streaming subscriber"])
+    print()
+    print("| consumer | messages/s | ratio to streaming | client CPU µs/message |")
+    print("| --- | ---: | ---: | ---: |")
+    for name, results in runs.items():
+        rate = statistics.median(r[0] for r in results)
+        cpu = statistics.median(r[1] for r in results) * 1e6
+        print(f"| {name} | {rate:,.0f} | {rate / base:.2f} | {cpu:,.0f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=3000)
     parser.add_argument("--depth", type=int, default=500)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--consumers", action="store_true", help="also Consumer vs streaming")
     args = parser.parse_args()
     port = free_port()
     server = ServerProcess(
@@ -139,17 +227,19 @@ def main() -> None:
                     results[name].append(measure(scenario, args.messages, args.depth))
                 finally:
                     scenario.close()
-    raw = statistics.median(r["rate"] for r in results["raw client"])
-    print(
-        f"{platform.python_implementation()} {platform.python_version()}, "
-        f"{args.messages} messages in rounds of {args.depth}, median of {args.repeat}"
-    )
-    print("| scenario | messages/s | ratio to raw | client CPU µs/message |")
-    print("| --- | ---: | ---: | ---: |")
-    for name, runs in results.items():
-        rate = statistics.median(r["rate"] for r in runs)
-        cpu = statistics.median(r["cpu_us"] for r in runs)
-        print(f"| {name} | {rate:,.0f} | {rate / raw:.2f} | {cpu:,.0f} |")
+        raw = statistics.median(r["rate"] for r in results["raw client"])
+        print(
+            f"{platform.python_implementation()} {platform.python_version()}, "
+            f"{args.messages} messages in rounds of {args.depth}, median of {args.repeat}"
+        )
+        print("| scenario | messages/s | ratio to raw | client CPU µs/message |")
+        print("| --- | ---: | ---: | ---: |")
+        for name, runs in results.items():
+            rate = statistics.median(r["rate"] for r in runs)
+            cpu = statistics.median(r["cpu_us"] for r in runs)
+            print(f"| {name} | {rate:,.0f} | {rate / raw:.2f} | {cpu:,.0f} |")
+        if args.consumers:
+            compare_consumers(address, args.messages, args.repeat)
 
 
 if __name__ == "__main__":
