@@ -707,62 +707,6 @@ def watch(
 
 
 @app.command(cls=_Command)
-def dashboard(
-    urls: Annotated[list[str], typer.Argument(metavar="URL...", help="Queue URLs to show.")],
-    host: Annotated[
-        str, typer.Option(metavar="HOST", help="Address to bind (another than loopback: token).")
-    ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(metavar="PORT", min=0, max=65535)] = 8050,
-    read_only: Annotated[
-        bool, typer.Option("--read-only", help="Refuse every change (redrive, send, peek).")
-    ] = False,
-    consumer: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--consumer",
-            metavar="URL",
-            help="A consumer's health server serving /leases (repeatable).",
-        ),
-    ] = None,
-    conformance_report: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--conformance",
-            metavar="PATH",
-            help="A report of 'leasekit conformance URL --json PATH' (repeatable).",
-        ),
-    ] = None,
-    allow_host: Annotated[
-        list[str] | None,
-        typer.Option("--allow-host", metavar="NAME", help="Another Host header to answer."),
-    ] = None,
-    no_token: Annotated[
-        bool, typer.Option("--no-token", help="No login token (loopback only).")
-    ] = False,
-    option: OptionList = None,
-) -> None:
-    """Serve the operator's web dashboard on 127.0.0.1 (needs the dashboard extra)."""
-    try:
-        from leasekit.dashboard.cli import serve
-    except ImportError as exc:
-        _error(f"the dashboard needs its extra: pip install 'leasekit[dashboard]' ({exc.name})")
-        raise typer.Exit(EXIT_USAGE) from None
-    _run(
-        lambda: serve(
-            urls,
-            host=host,
-            port=port,
-            read_only=read_only,
-            consumers=consumer or [],
-            conformance=conformance_report or [],
-            allowed_hosts=allow_host or [],
-            no_token=no_token,
-            options=_parse_options(option),
-        )
-    )
-
-
-@app.command(cls=_Command)
 def conformance(
     url: Annotated[str, typer.Argument(metavar="URL", help="Backend URL or name to test.")],
     option: OptionList = None,
