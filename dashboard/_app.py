@@ -57,6 +57,8 @@ MAX_PLANS = 32
 PLAN_TTL = 600.0
 #: Default redrive rate (dead letters per second).
 REDRIVE_RATE = 50.0
+#: Leases the Leases page lists (the oldest first); the rest are counted, not listed.
+MAX_LEASE_ROWS = 500
 #: Messages one peek shows, at most.
 MAX_PEEK = 10
 #: Largest test message body sent from the page (bytes).
@@ -337,9 +339,11 @@ class Dashboard:
                 )
             )
         timelines.sort(key=lambda item: -item[0])
+        rows.sort(key=lambda row: -(row["leased_for"] or 0.0))
         return {
             "consumers": consumers,
-            "leases": rows,
+            "leases": rows[:MAX_LEASE_ROWS],
+            "leases_not_listed": max(0, len(rows) - MAX_LEASE_ROWS),
             "timelines": [t for _, t in timelines[:100]],
         }
 

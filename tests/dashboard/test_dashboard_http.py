@@ -627,3 +627,26 @@ def test_the_cli_serves_on_loopback_and_prints_the_token_once(tmp_path: Path) ->
         assert server.stderr is not None
         rest = server.stderr.read()
     assert "token=" not in rest  # printed once, never logged again
+
+
+def test_the_leases_page_lists_a_bounded_number_of_leases(make_client) -> None:
+    from leasekit.dashboard._app import MAX_LEASE_ROWS
+
+    reporter = LeaseReporter(consumer="busy").install()
+    try:
+        with (
+            leasekit.open("memory://many", create=True) as queue,
+            HealthServer(_healthy, leases=reporter.snapshot) as server,
+        ):
+            queue.send_many([b"x"] * (MAX_LEASE_ROWS + 100))
+            leases = queue.lease(max_messages=MAX_LEASE_ROWS + 100, duration=60)
+            assert len(leases) == MAX_LEASE_ROWS + 100
+            client, _ = make_client([queue], consumers=[server.url])
+            data = client.get("/api/leases").json()
+            assert len(data["leases"]) == MAX_LEASE_ROWS and data["leases_not_listed"] == 100
+            page = client.get("/leases").text
+            assert page.count("<tr data-message=") == MAX_LEASE_ROWS
+            assert "100 more lease(s) held, not listed" in page
+            queue.complete_many(leases)
+    finally:
+        reporter.uninstall()
