@@ -64,40 +64,43 @@ end
 local function fence(s, g, life, text, now)
   -- One XPENDING per owner over the range of the batch's ids (a receive's batch
   -- is a run of ids), then one per entry only where that range held more.
-  local recs, spans = {}, {}
+  local rid, rcount, rowner, spans, n = {}, {}, {}, {}, 0
   for id, count, owner in string.gmatch(text, '([^/\\n]+)/([^/\\n]+)/([^\\n]+)') do
-    recs[#recs + 1] = {id, tonumber(count), owner}
+    n = n + 1
+    rid[n], rcount[n], rowner[n] = id, tonumber(count), owner
     local ms, seq = string.match(id, '^(%d+)-(%d+)$')
     ms, seq = tonumber(ms), tonumber(seq)
     local span = spans[owner]
     if not span then
-      span = {n = 0, lm = ms, ls = seq, lo = id, hm = ms, hs = seq, hi = id}
-      spans[owner] = span
-    end
-    span.n = span.n + 1
-    if ms < span.lm or (ms == span.lm and seq < span.ls) then
-      span.lm, span.ls, span.lo = ms, seq, id
-    end
-    if ms > span.hm or (ms == span.hm and seq > span.hs) then
-      span.hm, span.hs, span.hi = ms, seq, id
+      spans[owner] = {1, ms, seq, id, ms, seq, id}
+    else
+      span[1] = span[1] + 1
+      if ms < span[2] or (ms == span[2] and seq < span[3]) then
+        span[2], span[3], span[4] = ms, seq, id
+      end
+      if ms > span[5] or (ms == span[5] and seq > span[6]) then
+        span[5], span[6], span[7] = ms, seq, id
+      end
     end
   end
   local counts, whole = {}, {}
   for owner, span in pairs(spans) do
-    local limit = span.n * 2 + 8
-    local rows = redis.call('XPENDING', s, g, span.lo, span.hi, limit, owner)
-    for _, p in ipairs(rows) do counts[owner .. ' ' .. p[1]] = p[4] end
+    local limit = span[1] * 2 + 8
+    local rows = redis.call('XPENDING', s, g, span[4], span[7], limit, owner)
+    local mine = {}
+    for _, p in ipairs(rows) do mine[p[1]] = p[4] end
+    counts[owner] = mine
     whole[owner] = #rows < limit
   end
   local ids, owners, flags = {}, {}, {}
-  for _, r in ipairs(recs) do
-    local id, count, owner = r[1], r[2], r[3]
-    local c = counts[owner .. ' ' .. id]
+  for i = 1, n do
+    local id, owner = rid[i], rowner[i]
+    local c = counts[owner][id]
     if c == nil and not whole[owner] then
       local p = redis.call('XPENDING', s, g, id, id, 1)[1]
       if p and p[2] == owner then c = p[4] end
     end
-    local ok = c == count
+    local ok = c == rcount[i]
     if ok and life then
       local ends = redis.call('ZSCORE', life, id)
       ok = not (ends and tonumber(ends) <= now)
@@ -105,9 +108,9 @@ local function fence(s, g, life, text, now)
     if ok then
       ids[#ids + 1] = id
       owners[#ids] = owner
-      flags[#flags + 1] = '1'
+      flags[i] = '1'
     else
-      flags[#flags + 1] = '0'
+      flags[i] = '0'
     end
   end
   return ids, owners, table.concat(flags)
