@@ -650,3 +650,24 @@ def test_the_leases_page_lists_a_bounded_number_of_leases(make_client) -> None:
             queue.complete_many(leases)
     finally:
         reporter.uninstall()
+
+
+def test_the_token_login_works_under_a_prefix(orders) -> None:
+    dashboard = app([orders], allowed_hosts=["testserver"], token="t0ken")
+    try:
+        client = TestClient(Starlette(routes=[Mount("/ops", dashboard)]), follow_redirects=False)
+        assert client.get("/ops/").status_code == 401
+        login = client.get("/ops/leases?token=t0ken")
+        assert login.status_code == 303 and login.headers["location"] == "/ops/leases"
+        assert "Path=/ops" in login.headers["set-cookie"]
+        page = client.get("/ops/")
+        assert page.status_code == 200 and 'href="/ops/leases"' in page.text
+        csrf = csrf_of(client.get("/ops/queues/orders/browse").text)
+        sent = client.post(
+            "/ops/queues/orders/send",
+            data={"csrf": csrf, "body": "x"},
+            headers={"Origin": "http://testserver"},
+        )
+        assert sent.status_code == 200 and orders.stats().visible == 1
+    finally:
+        dashboard.state.dashboard.close()
