@@ -142,3 +142,21 @@ def test_otel_spans_name_redis_and_carry_the_trace_through_the_stream(url: str) 
     assert send.attributes is not None and process.attributes is not None
     assert send.attributes["messaging.system"] == "redis"
     assert process.context.trace_id == send.context.trace_id
+
+
+def test_a_consumer_on_redis_reports_ready_health_while_it_runs(url: str) -> None:
+    with leasekit.open(url, create=True) as queue:
+        queue.send(b"x")
+        consumer = leasekit.Consumer(queue, lambda m: None, handle_signals=False)
+        thread = threading.Thread(target=consumer.run)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 10
+            while not consumer.health().ready:
+                assert time.monotonic() < deadline, consumer.health().ready_problems
+                time.sleep(0.05)  # polling the consumer's state, with a deadline
+            assert consumer.health().live
+        finally:
+            consumer.stop()
+            thread.join(10)
+        assert not thread.is_alive()
