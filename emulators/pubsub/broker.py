@@ -16,9 +16,11 @@ Messages and acks:
     any other ack id (older, expired, already acknowledged, unknown) fail with
     ``INVALID_ARGUMENT`` carrying a ``google.rpc.ErrorInfo`` (reason
     ``EXACTLY_ONCE_ACKID_FAILURE``, domain ``pubsub.googleapis.com``) whose metadata
-    maps each refused ack id to ``PERMANENT_FAILURE_INVALID_ACK_ID``; the valid ack
-    ids of the same request take effect. An outstanding message is never
-    redelivered.
+    maps each refused ack id to ``PERMANENT_FAILURE_INVALID_ACK_ID``. CHOICE: the
+    valid ack ids of the same request take effect (the documents do not say;
+    the client then reports them failed with ``AcknowledgeStatus.OTHER``, as it
+    does for any ack id a failed request does not list). An outstanding message
+    is never redelivered.
 
     **Without exactly-once** (the service is "at least once" and its acks "best
     effort"): CHOICE: an ack with any ack id ever issued for a message still in the
