@@ -221,13 +221,15 @@ class Dashboard:
         counts: dict[str, int | None] = {}
         for name in COUNT_FIELDS:
             counts[name] = None if last is None else getattr(last.stats, name)
-        rate = None
-        if len(target.samples) >= 2:
-            a, b = target.samples[-2], target.samples[-1]
-            before, now = a.stats.visible, b.stats.visible
-            if before is not None and now is not None and b.at > a.at:
-                rate = (now - before) / (b.at - a.at)
-        history = [s.stats.visible for s in target.samples]
+        # The backlog charted: visible where the backend tells it, else all messages.
+        field = next((f for f in ("visible", "total") if f in counted), None)
+        points = [
+            (s.at, getattr(s.stats, field))
+            for s in target.samples
+            if field is not None and getattr(s.stats, field) is not None
+        ]
+        # Its net rate between samples (in minus out, per second).
+        rates = [(b - a) / (tb - ta) for (ta, a), (tb, b) in itertools.pairwise(points) if tb > ta]
         return {
             "id": qid,
             "name": queue.name,
@@ -243,8 +245,10 @@ class Dashboard:
             "oldest_age": None,
             "oldest_age_why": "no backend reports the age of its oldest message through "
             "leasekit's Queue.stats() yet",
-            "visible_per_s": rate,
-            "history": [h for h in history if h is not None],
+            "charted": field,
+            "history": [value for _, value in points],
+            "rates": rates,
+            "rate_per_s": rates[-1] if rates else None,
             "sampled_at": None if last is None else last.at,
             "interval": target.interval,
             "error": target.error,

@@ -36,6 +36,11 @@ def test_a_backend_that_goes_down_is_shown_and_the_page_recovers(azure_queue, ma
     [row] = client.get("/api/queues").json()["queues"]
     assert row["counts"]["total"] == 1
     assert row["counts"]["visible"] is None and "visible" in row["not_reported"]
+    queue.send(b"y")
+    dashboard.sample_now()
+    [row] = client.get("/api/queues").json()["queues"]
+    assert row["charted"] == "total" and row["history"][-2:] == [1, 2]  # charted: all it tells
+    assert row["rate_per_s"] > 0
     assert "not reported" in client.get("/").text
 
     proxy.drop()
@@ -52,7 +57,7 @@ def test_a_backend_that_goes_down_is_shown_and_the_page_recovers(azure_queue, ma
     proxy.pass_()
     dashboard.sample_now()
     [row] = client.get("/api/queues").json()["queues"]
-    assert row["error"] is None and row["counts"]["total"] == 1
+    assert row["error"] is None and row["counts"]["total"] == 2
     assert 'id="backend-error"' not in client.get("/queues/dashboard-down").text
 
 

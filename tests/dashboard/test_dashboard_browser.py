@@ -140,7 +140,9 @@ def test_a_queue_backing_up_shows_in_the_counts(page, serve, orders, shots) -> N
         orders.send(f"job {i}".encode())
     # No reload: the page's script re-reads it every 2 s, the sampler every 1 s.
     sync_api.expect(cell).to_have_text("7", timeout=15_000)
-    sync_api.expect(page.locator('tr[data-queue="orders"] svg.chart')).to_be_visible(timeout=15_000)
+    row = page.locator('tr[data-queue="orders"]')
+    sync_api.expect(row.locator("svg.chart:not(.rate)")).to_be_visible(timeout=15_000)
+    sync_api.expect(row.locator("svg.chart.rate")).to_be_visible(timeout=15_000)
     page.screenshot(path=str(shots / "dashboard-queues.png"))
 
 

@@ -67,7 +67,7 @@ def test_the_queues_page_shows_counts_and_says_what_is_not_reported(orders, make
         orders.send(b"x")
     client, _ = make_client([orders])
     data = client.get("/api/queues").json()["queues"][0]
-    assert data["counts"]["visible"] == 3
+    assert data["counts"]["visible"] == 3 and data["charted"] == "visible"
     assert data["counts"]["dead_lettered"] == 0
     assert data["oldest_age"] is None and "oldest" in data["oldest_age_why"]
     page = client.get("/").text
