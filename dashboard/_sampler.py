@@ -193,7 +193,10 @@ class Sampler:
             for target in due:
                 # Each on a short-lived thread: one slow backend delays no other queue.
                 threading.Thread(
-                    target=self._sample, args=(target,), name="leasekit-dashboard-sample"
+                    target=self._sample,
+                    args=(target,),
+                    name="leasekit-dashboard-sample",
+                    daemon=True,
                 ).start()
 
     @staticmethod
