@@ -1,7 +1,8 @@
 """The taskiq broker, run by taskiq's own receiver (``taskiq.api.run_receiver_task``).
 
 Each test runs its coroutine with ``asyncio.run``. Backends: SQLite, memory and
-SQS (moto's server, the session fixture ``moto_server``).
+SQS (moto's server, the session fixture ``moto_server``), Redis, and Pub/Sub
+(leasekit's emulator, ``pubsub_server``).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ async def until(condition: Callable[[], bool], timeout: float, what: str) -> Non
         await asyncio.sleep(0.02)
 
 
-@pytest.fixture(params=["sqlite", "memory", "sqs", "redis"])
+@pytest.fixture(params=["sqlite", "memory", "sqs", "redis", "gcp-pubsub"])
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """(url, open options) of a fresh queue on each backend; the queue is created."""
     name = f"tq-{uuid.uuid4().hex[:10]}"
@@ -60,6 +61,10 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str
         url, options = f"memory://{name}", {}
     elif request.param == "redis":
         url, options = f"{request.getfixturevalue('redis_server').url()}?queue={name}", {}
+    elif request.param == "gcp-pubsub":
+        server = request.getfixturevalue("pubsub_server")
+        url = f"gcp-pubsub://{server.project}/{name}?endpoint={server.address}"
+        options = {"dead_letter_topic": "tq-dead-letters"}  # exact delivery counts
     else:
         moto = request.getfixturevalue("moto_server")
         url, options = "aws-sqs", {"queue": name, **moto.options}
