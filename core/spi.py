@@ -398,6 +398,17 @@ class Driver(ABC):
     #: The queue name this driver serves.
     queue: str
 
+    #: Whether the driver learns, without a call, that leases are lost (Service Bus:
+    #: the connection they were received on is gone) and reports them through
+    #: :attr:`leases_lost`. Core then keeps each received lease findable by receipt.
+    reports_lost_leases: ClassVar[bool] = False
+    #: Set by core (:mod:`leasekit.lost_leases`) once a lease of a driver that
+    #: ``reports_lost_leases`` is received: call it as ``leases_lost(receipts, error)``
+    #: when the leases of ``receipts`` are lost, from any thread; it makes no call
+    #: and never raises. Core marks those leases lost at once (a driver writes no
+    #: lease state). ``None`` while there is nothing to report to.
+    leases_lost: Callable[[Sequence[str], BaseException], None] | None = None
+
     #: Option names that are credentials: core refuses them in a URL's query
     #: (as it refuses ``user:password@``); they may only be keyword options.
     secret_options: ClassVar[frozenset[str]] = frozenset()
