@@ -260,6 +260,12 @@ class LeaseOperations:
             self._settle_one(leases[0], spec, limit, results, done)
             return
         action, size = spec.action, spec.batch
+        if 1 < len(leases) <= size:
+            records = [lease._record for lease in leases]
+            receipts = take_together(records, SETTLE)
+            if receipts is not None:  # one receive's leases, all free: one call, no lists of them
+                self._settle_together(leases, records, receipts, spec, limit, results, done)
+                return
         taken, repeats = self._take(leases, SETTLE, action, results)
         if len(taken) <= size:
             chunks = [taken] if taken else []
@@ -302,6 +308,64 @@ class LeaseOperations:
                     lease._record.failed(lease, failure)
                     results[i] = failure
         _copy_repeats(results, repeats)
+
+    def _settle_together(
+        self,
+        leases: Sequence[Lease],
+        records: list[LeaseRecord],
+        receipts: list[str],
+        spec: SettleSpec,
+        limit: float | None,
+        results: list[Any],
+        done: list[Lease],
+    ) -> None:
+        """:meth:`_settle_batches` for leases taken together that fit one backend call.
+
+        The same deadline, call, outcomes and error handling as the general path
+        for its one chunk, without its per-lease tuples and the lists made from
+        them (measured on SQLite, batches of 10: a fifth of core's settle work).
+        """
+        action = spec.action
+        with deadline(self.lease_timeout(leases, limit, settle=True)):
+            left = time_left()
+            if left is not None and left <= 0:  # no call: each given back, still held
+                error = self._late(action)
+                for i, record in enumerate(records):
+                    record.release()
+                    results[i] = error
+                return
+            try:
+                outcome = list(self._runner.call(action, partial(spec.call, receipts)))
+            except errors.LeaseError as exc:
+                for lease in leases:
+                    lease._record.failed(lease, exc)
+                raise
+            except BaseException:
+                for record in records:
+                    record.release()
+                raise
+        if not any(outcome):  # all settled: record them in one go
+            lost = settled_together(records, spec.state)
+            if not lost:
+                done.extend(leases)
+                return
+            for i, lease in enumerate(leases):
+                if i in lost:
+                    results[i] = lease._record.lost_error
+                else:
+                    done.append(lease)
+            return
+        for i, (lease, result) in enumerate(zip(leases, outcome, strict=True)):
+            if result is None:
+                lost_meanwhile = lease._record.settled(spec.state)
+                if lost_meanwhile is None:
+                    done.append(lease)
+                else:
+                    results[i] = lost_meanwhile
+                continue
+            failure = self._runner.entry_error(result, action)
+            lease._record.failed(lease, failure)
+            results[i] = failure
 
     def _settle_one(
         self,
