@@ -143,6 +143,9 @@ class Queue:
             default = caps.fixed_lease if caps.fixed_lease is not None else 30.0
             lease_duration = caps.clamp_lease(default)
         self._default_duration = self.check_duration(lease_duration)
+        #: The last duration :meth:`lease` was given and its answer, with the
+        #: capabilities it was checked against (a loop asks the same each time).
+        self._last_duration: tuple[Capabilities, float | int, float] | None = None
 
     # ------------------------------------------------------------- properties
 
@@ -409,7 +412,7 @@ class Queue:
             raise errors.InvalidArgument(
                 f"max_messages must be between 1 and {MAX_LEASE_BATCH}, got {max_messages}"
             )
-        seconds = self._default_duration if duration is None else self.check_duration(duration)
+        seconds = self._default_duration if duration is None else self._lease_seconds(duration)
         wait = arguments.wait(wait)
         self._require_open()
         leases: list[Lease] = []
@@ -888,6 +891,28 @@ class Queue:
             InvalidLeaseDuration: not a finite number, or outside the backend's range.
         """
         return arguments.lease_duration(self.capabilities, self._driver.scheme, duration)
+
+    def _lease_seconds(self, duration: object) -> float:
+        """:meth:`check_duration` for :meth:`lease`, answering a repeated int or float at once.
+
+        Only a plain ``int`` or ``float`` equal to the last one checked, against
+        the same capabilities, is answered from memory (NaN equals nothing, so it
+        is always checked, and refused); anything else is checked as given.
+        """
+        if type(duration) is not float and type(duration) is not int:
+            return self.check_duration(duration)
+        caps = self.capabilities
+        last = self._last_duration
+        if (
+            last is not None
+            and last[0] is caps
+            and last[1] == duration
+            and type(last[1]) is type(duration)
+        ):
+            return last[2]
+        seconds = self.check_duration(duration)
+        self._last_duration = (caps, duration, seconds)
+        return seconds
 
     def renewable_for(self, lease: Lease, seconds: float) -> float | None:
         """How long ``lease`` may be renewed for now: ``seconds``, within the backend's total cap.
