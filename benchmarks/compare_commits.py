@@ -113,10 +113,10 @@ PRESETS: dict[str, Preset] = {
         ),
         {
             "leasekit lease+complete msg/s": cell("leasekit (batch complete)", 2),
-            "plain sqlite3 msg/s": cell("plain sqlite3 (UPDATE … RETURNING, fenced DELETE)", 2),
-            "leasekit ÷ plain": cell("plain sqlite3 (UPDATE … RETURNING, fenced DELETE)", 3),
+            "plain sqlite3 msg/s": cell("plain sqlite3 (", 2, prefix=True),
+            "leasekit ÷ plain": cell("plain sqlite3 (", 3, prefix=True),
             "leasekit CPU µs/msg": cell("leasekit (batch complete)", 4),
-            "plain CPU µs/msg": cell("plain sqlite3 (UPDATE … RETURNING, fenced DELETE)", 4),
+            "plain CPU µs/msg": cell("plain sqlite3 (", 4, prefix=True),
         },
     ),
     "cost-100": Preset(
@@ -139,10 +139,10 @@ PRESETS: dict[str, Preset] = {
         ),
         {
             "leasekit lease+complete msg/s": cell("leasekit (batch complete)", 2),
-            "plain sqlite3 msg/s": cell("plain sqlite3 (UPDATE … RETURNING, fenced DELETE)", 2),
-            "leasekit ÷ plain": cell("plain sqlite3 (UPDATE … RETURNING, fenced DELETE)", 3),
+            "plain sqlite3 msg/s": cell("plain sqlite3 (", 2, prefix=True),
+            "leasekit ÷ plain": cell("plain sqlite3 (", 3, prefix=True),
             "leasekit CPU µs/msg": cell("leasekit (batch complete)", 4),
-            "plain CPU µs/msg": cell("plain sqlite3 (UPDATE … RETURNING, fenced DELETE)", 4),
+            "plain CPU µs/msg": cell("plain sqlite3 (", 4, prefix=True),
             "bytes per held lease (with keeper entry)": pattern(
                 r"per held lease with its keeper entry: ([\d,]+) B"
             ),
