@@ -447,7 +447,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.split:
-        args.only = [*(args.only or []), "batch complete", "plain", "split:"]
+        args.only = [*(args.only or []), "leasekit (batch complete)", "plain", "split:"]
     for batch in args.batch or [100]:
         run_batch(args, batch)
     if args.memory:
