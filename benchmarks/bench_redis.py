@@ -131,7 +131,8 @@ def throughput(args: argparse.Namespace) -> None:
             )
         print(f"median ratio leasekit/raw: {statistics.median(ratios):.3f}")
         for side, values in cpu.items():
-            print(f"client CPU per 1,000 messages, {side}: {statistics.median(values):.1f} ms")
+            median_ms = statistics.median(values) * 1000
+            print(f"client CPU per 1,000 messages, {side}: {median_ms:.1f} ms")
 
 
 def _cpu() -> float:

@@ -49,7 +49,7 @@ log = logging.getLogger("leasekit.backends.redis")
 
 DAY = 24 * 3600.0
 #: Per-call batch limit: one script runs a batch atomically and the server
-#: serves nobody else meanwhile; 500 fenced entries take about a millisecond.
+#: serves nobody else meanwhile; renewing 500 fenced entries takes it 2–4 ms here.
 BATCH = 500
 #: The reclaim threshold (ms): an entry whose idle time reaches it is taken
 #: back by the next receive. A lease of ``d`` sets the idle time to
