@@ -168,6 +168,7 @@ import socket
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -196,6 +197,7 @@ from leasekit.spi import (
 from leasekit.url import check_endpoint
 
 from .azure_service_bus_links import ReceiveLink, ReceiveLinks
+from .azure_service_bus_watch import ConnectionWatch, socket_of
 
 __all__ = ["HEADER_ROOM", "ServiceBusDriver"]
 
@@ -251,6 +253,9 @@ MAX_SEND_DELAY = 30 * 86400.0
 MAX_TTL = 10 * 365 * 86400.0
 #: Tolerated difference between the lock_duration option and the broker's lock.
 LOCK_SLACK = 1.0
+#: Seconds past an open's deadline before its guard ends a connection still not
+#: open (:class:`_OpenGuard`): the SDK's own deadline checks go first.
+OPEN_GUARD_GRACE = 0.2
 #: An emulator's management port (Microsoft's emulator serves HTTP on 5300).
 DEFAULT_ADMIN_PORT = 5300
 #: Seconds of empty receives, with nothing else heard from the service, after
@@ -351,9 +356,13 @@ class _OpenGuard:
     timeout it is given, but not the connection's own open: pyamqp reads the
     SASL handshake (and the protocol header) on a socket without a timeout, so
     an open into a partition (a peer that accepts TCP and never answers) would
-    block for good. At the deadline this shuts the connection's socket down,
-    which makes that read fail at once (the SDK raises a connection error and
-    shuts the handler down; the next call opens a new connection).
+    block for good. Just after the deadline (``OPEN_GUARD_GRACE``: the SDK's
+    own deadline checks go first), if the connection is still not open, this
+    shuts its socket down, which makes that read fail at once (the SDK raises a
+    connection error and shuts the handler down; the next call opens a new
+    connection). An open connection is left alone: the SDK's waits for the
+    token and the attach end by the deadline themselves (a session accept with
+    no session available is the service's timeout, not a partition).
     """
 
     def __init__(self, handler: Any, timeout: float) -> None:
@@ -361,7 +370,7 @@ class _OpenGuard:
         self._lock = threading.Lock()
         self._done = False
         self.fired = False
-        self._timer = threading.Timer(max(timeout, 0.0), self._fire)
+        self._timer = threading.Timer(max(timeout, 0.0) + OPEN_GUARD_GRACE, self._fire)
         self._timer.name = "leasekit-sb-open-guard"
         self._timer.daemon = True
         self._timer.start()
@@ -372,7 +381,10 @@ class _OpenGuard:
                 return
             self.fired = True
             client = getattr(self._handler, "_handler", None)
-            sock = _socket_of(getattr(client, "_connection", None))
+            connection = getattr(client, "_connection", None)
+            if getattr(getattr(connection, "state", None), "name", None) == "OPENED":
+                return  # the SDK's own deadline ends the rest of the open
+            sock = socket_of(connection)
             if sock is None:
                 return  # not connected yet: the SDK's connect has its own 1 s timeout
             with contextlib.suppress(OSError):
@@ -382,13 +394,6 @@ class _OpenGuard:
         with self._lock:
             self._done = True
         self._timer.cancel()
-
-
-def _socket_of(connection: Any) -> socket.socket | None:
-    """The socket of a pyamqp connection (``None`` if it has none, or is not pyamqp's)."""
-    transport = getattr(connection, "_transport", None)
-    sock = getattr(transport, "sock", None)
-    return sock if isinstance(sock, socket.socket) else None
 
 
 def _open_handler(handler: Any, timeout: float) -> None:
@@ -607,6 +612,8 @@ class ServiceBusDriver(Driver):
 
     scheme = "azure-service-bus"
     capabilities = CAPABILITIES
+    #: The connection watch reports the leases of a connection that is gone, at once.
+    reports_lost_leases = True
     secret_options = _SECRET_OPTIONS
     credential_hint = "pass connection_string= or credential= as keyword options"
 
@@ -730,6 +737,9 @@ class ServiceBusDriver(Driver):
         self._links = ReceiveLinks(links)
         self._held_lock = threading.Lock()
         self._held: dict[str, _Held] = {}
+        #: Connections found gone (reset, closed): their leases are lost.
+        self._gone: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._watch = ConnectionWatch(self._holding, self._connection_gone)
         self._checked_lock = False
         self._entity_missing = False
         self._closed = False
@@ -998,6 +1008,8 @@ class ServiceBusDriver(Driver):
                     link,
                 )
                 raws.append(self._raw(message, token, locked_until))
+        if raws:
+            self._watch.wake()
         return raws
 
     def _check_lock_duration(self, raws: list[RawMessage]) -> None:
@@ -1083,8 +1095,7 @@ class ServiceBusDriver(Driver):
         held.link.heard = time.monotonic()
         self._forget(receipt)
 
-    @staticmethod
-    def _check_connection(held: _Held) -> None:
+    def _check_connection(self, held: _Held) -> None:
         """Raise ``LeaseLost`` if the connection that received ``held`` is gone.
 
         The SDK gives each receiver its own connection and closes it when it
@@ -1107,7 +1118,11 @@ class ServiceBusDriver(Driver):
             return  # not an SDK receiver (tests' stand-ins)
         handler = getattr(held.receiver, "_handler", None)
         connection = getattr(handler, "_connection", None)
-        if handler is not held.handler or connection is not held.connection:
+        if (
+            handler is not held.handler
+            or connection is not held.connection
+            or connection in self._gone
+        ):
             raise DriverError(
                 ErrorCode.LEASE_LOST,
                 "azure-service-bus: the connection this message was received on is gone "
@@ -1115,6 +1130,38 @@ class ServiceBusDriver(Driver):
                 "back when its lock ends",
                 backend_code="MessageLockLostError",
             )
+
+    def _holding(self) -> list[Any]:
+        """The connections that hold leases now (for the connection watch)."""
+        with self._held_lock:
+            connections = {id(h.connection): h.connection for h in self._held.values()}
+        if self._sessions is not None:
+            connections.update((id(c), c) for c in self._sessions.holding())
+        return [c for c in connections.values() if c is not None]
+
+    def _connection_gone(self, connection: Any) -> None:
+        """The watch found ``connection`` gone: report the leases received on it, at once.
+
+        Service Bus drops its locks and releases its sessions (see
+        :meth:`_check_connection`), so those leases are lost now, not at their
+        next renewal; core marks them (``leases_lost``), the driver only forgets
+        its sessions and remembers the connection as gone.
+        """
+        self._gone.add(connection)
+        error = DriverError(
+            ErrorCode.LEASE_LOST,
+            "azure-service-bus: the connection this message was received on is gone "
+            "(reset or closed); Service Bus dropped its lock (and released its session)",
+            backend_code="MessageLockLostError",
+        )
+        with self._held_lock:
+            receipts = [t for t, h in self._held.items() if h.connection is connection]
+        if self._sessions is not None:
+            receipts += self._sessions.connection_gone(connection, error)
+        report = self.leases_lost
+        if receipts and report is not None:
+            _log.debug("a connection is gone: %d leases lost", len(receipts))
+            report(receipts, error)
 
     def _note_failure(self, receipt: str | None, exc: BaseException) -> None:
         """After a failed call: a lost lock's token is forgotten, a missing queue remembered."""
@@ -1452,6 +1499,7 @@ class ServiceBusDriver(Driver):
         if self._closed:
             return
         self._closed = True
+        self._watch.close()
         if self._sessions is not None:
             self._sessions.close()
         with self._links.all_held() as links, self._send_lock, self._setup_lock:

@@ -81,6 +81,8 @@ class _Session:
     locked_until: float
     messages: dict[str, Any] = field(default_factory=dict)  # lock token -> SDK message
     lost: BaseException | None = None
+    #: The receiver's AMQP connection (watched: when it is gone, so is the session).
+    connection: Any = None
     #: One SDK call at a time on the receiver (settles, renewals, state).
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -140,6 +142,7 @@ class SessionReceivers:
             _close(receiver)  # the session emptied meanwhile: release it
             return []
         session = _Session(str(receiver.session.session_id), receiver, until.timestamp())
+        session.connection = getattr(getattr(receiver, "_handler", None), "_connection", None)
         raws: list[RawMessage] = []
         for message in messages:
             token = str(message.lock_token)
@@ -150,7 +153,28 @@ class SessionReceivers:
             self._sessions.append(session)
             for token in session.messages:
                 self._by_token[token] = session
+        driver._watch.wake()
         return raws
+
+    def holding(self) -> list[Any]:
+        """The connections of the sessions held (for the driver's connection watch)."""
+        with self._lock:
+            return [s.connection for s in self._sessions if s.connection is not None]
+
+    def connection_gone(self, connection: Any, error: BaseException) -> list[str]:
+        """``connection`` is gone: its sessions are lost; return their leases' receipts.
+
+        Service Bus released them when the connection went (another receiver may
+        hold them already): each session is forgotten, its receiver closed, and
+        any later use of its leases raises ``error``.
+        """
+        with self._lock:
+            lost = [s for s in self._sessions if s.connection is connection]
+        receipts: list[str] = []
+        for session in lost:
+            receipts += list(session.messages)
+            self._lose(session, error)
+        return receipts
 
     def _drop_expired(self, now: float) -> None:
         """Close the receivers of sessions whose lock ended (their leases are lost by now)."""

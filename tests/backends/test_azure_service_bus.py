@@ -591,3 +591,51 @@ def test_a_message_received_before_a_reset_is_lease_lost_and_comes_back(
         through.close()
         direct.delete_queue()
         direct.close()
+
+
+def test_a_reset_loses_the_leases_of_that_connection_at_once(
+    servicebus_server: Any, fault_proxy: Any, record_property: Any
+) -> None:
+    # When the driver learns that a connection is gone, every lease received on it is
+    # lost then (core marks it, through Driver.leases_lost), not at its next renewal:
+    # Service Bus dropped its lock with the connection.
+    from leasekit.emulators.servicebus import connection_string
+
+    lock = 5.0  # the keeper's first renewal comes about 3.5 s after the receive
+    proxy = fault_proxy(servicebus_server.port)
+    name = servicebus_server.create_queue(lock_duration=lock)
+    through = leasekit.open(
+        "azure-service-bus",
+        queue=name,
+        connection_string=connection_string(proxy.host, proxy.port),
+        lock_duration=lock,
+        admin_port=servicebus_server.http_port,
+    )
+    direct = _open(servicebus_server, name, create=False, lock_duration=lock)
+    try:
+        direct.send_many([b"a", b"b", b"c"])
+        leases: list[leasekit.Lease] = []
+        while len(leases) < 3:
+            leases += through.lease(3 - len(leases), wait=5)
+        lost_at: dict[bytes, float] = {}
+        for lease in leases:
+            lease.on_lost(lambda lz, error: lost_at.setdefault(lz.message.body, time.monotonic()))
+        with LeaseKeeper() as keeper:
+            keeper.add_many(leases)
+            renewed = keeper.stats.renewed
+            reset = time.monotonic()
+            proxy.drop()
+            for lease in leases:
+                assert lease.lost.wait(lock), "a lease of the reset connection was not lost"
+            assert keeper.stats.renewed == renewed
+        latest = max(lost_at.values()) - reset
+        record_property("lost_after_reset_s", round(latest, 3))
+        assert latest < 0.5, f"lost {latest:.2f} s after the reset"
+        for lease in leases:
+            with pytest.raises(LeaseLost, match="connection"):
+                lease.complete()
+    finally:
+        proxy.pass_()
+        through.close()
+        direct.delete_queue()
+        direct.close()

@@ -319,3 +319,86 @@ def test_group_state_through_asyncio(sessions: Queue, servicebus_server: Any) ->
             return before, after
 
     assert asyncio.run(main()) == (None, b"done")
+
+
+def _keep_alive_threads() -> int:
+    """The SDK's keep-alive threads (one per open connection with a receive link)."""
+    return sum(t.name.endswith("(_keep_alive)") for t in threading.enumerate())
+
+
+def test_a_reset_loses_the_holders_session_before_a_rival_receives_it(
+    servicebus_server: Any, fault_proxy: Any, record_property: Any
+) -> None:
+    """Issue 33, item 3: the holder of group g learns of a reset no later than a rival
+    is handed g.
+
+    Service Bus releases a session whose connection is gone ("the lock is dropped
+    since Service Bus does not support recovery of existing AMQP links on a
+    different connection", Message transfers, locks, and settlement), without
+    counting a delivery of its messages (Message sessions, "Impact of delivery
+    count": a session closed with messages not completed does not increment it).
+    So a rival may take the whole group at once; what leasekit guarantees is that
+    the holder's lease is lost by then.
+    """
+    from leasekit.emulators.servicebus import connection_string
+
+    lock = 3.0
+    proxy = fault_proxy(servicebus_server.port)
+    name = servicebus_server.queue_name("reset")
+    direct = _open(servicebus_server, name, lock_duration=lock)
+    holder = _open(
+        servicebus_server,
+        name,
+        create=False,
+        lock_duration=lock,
+        connection_string=connection_string(proxy.host, proxy.port),
+    )
+    # One accept that waits at the service (not one a second): handed g the moment it is free.
+    rival = _open(servicebus_server, name, create=False, lock_duration=lock, max_wait=MAX_WAIT)
+    got: list[leasekit.Lease] = []
+    got_at: list[float] = []
+    lost_at: list[float] = []
+
+    def take() -> None:
+        got.extend(rival.lease(6, wait=MAX_WAIT))
+        got_at.append(time.monotonic())
+
+    try:
+        direct.send_many([b"g%d" % i for i in range(6)], group="g")
+        [head] = holder.lease(1, wait=MAX_WAIT)
+        assert head.message.body == b"g0"
+        head.on_lost(lambda lease, error: lost_at.append(time.monotonic()))
+        with LeaseKeeper() as keeper, keeper.hold(head):
+            threads = _keep_alive_threads()
+            taker = threading.Thread(target=take, daemon=True)
+            taker.start()
+            # The rival's connection is open: its accept waits for a session (g is held).
+            deadline = time.monotonic() + MAX_WAIT
+            while _keep_alive_threads() <= threads:
+                assert time.monotonic() < deadline, "the rival never connected"
+                time.sleep(0.01)
+            holder_deadline = time.monotonic() + head.time_left
+            reset = time.monotonic()
+            proxy.drop()
+            taker.join(MAX_WAIT)
+        assert got_at and got, "the rival was not handed the released session"
+        assert head.lost.wait(1), "the holder's lease was not lost"
+        record_property("holder_lost_after_reset_s", round(lost_at[0] - reset, 3))
+        record_property("rival_received_after_reset_s", round(got_at[0] - reset, 3))
+        record_property(
+            "rival_received_before_holder_deadline_s", round(holder_deadline - got_at[0], 3)
+        )
+        early = lost_at[0] - got_at[0]
+        assert early <= 0, f"the rival received g {early:.3f} s before the holder's lease was lost"
+        # The whole group, in order, g0 with no failed delivery counted (the service's rule).
+        assert [lz.message.body for lz in got] == [b"g%d" % i for i in range(6)]
+        assert got[0].message.delivery_count == 1
+        with pytest.raises(LeaseLost):
+            head.complete()
+        assert rival.complete_many(got) == [None] * 6
+    finally:
+        proxy.pass_()
+        holder.close()
+        rival.close()
+        direct.delete_queue()
+        direct.close()
