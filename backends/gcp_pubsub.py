@@ -60,7 +60,8 @@ Delivery semantics:
     subscription of that name, made on first use). The service's own policy
     acts independently: after ``max_delivery_attempts`` deliveries it forwards
     a message to the same topic with its ``CloudPubSubDeadLetterSource*``
-    attributes.
+    attributes. ``Queue.peek_dead_letters`` reads dead letters by pulling and
+    giving them back at once (Pub/Sub has no peek: each read counts a delivery).
 
     **Ordering keys are not mapped to ``group``**: the service delivers a key's
     messages in order but may hand out its next messages while the head is
@@ -83,7 +84,8 @@ Limits:
     splits sends at 9,000,000 bytes of bodies and attributes. Attribute keys at
     most 256 bytes (not starting with ``goog``), values 1,024 bytes, 100 per
     message. No send delay and no per-message time-to-live (the subscription's
-    retention applies). No message counts (Cloud Monitoring only) and no peek.
+    retention applies). No message counts (Cloud Monitoring only). No peek:
+    ``peek`` pulls and gives back at once.
 
 Raw types:
     ``lease.raw`` is the protobuf ``google.pubsub.v1.ReceivedMessage`` of the pull
@@ -224,7 +226,7 @@ CAPABILITIES = Capabilities(
     native_dead_letter=False,
     delivery_count=False,
     queue_stats=False,
-    inspect_dead_letters=False,
+    inspect_dead_letters=True,
     ordered=False,
 )
 
@@ -562,6 +564,17 @@ class PubSubDriver(Driver):
         _, subscriber = self._api()
         request = _request("AcknowledgeRequest", subscription=self.subscription, ack_ids=receipts)
         return self._per_entry(subscriber.acknowledge, request, receipts)
+
+    def peek(self, limit: int) -> list[RawMessage]:
+        """Pull up to ``limit`` (at most 1,000) and give them back at once (modack 0).
+
+        Pub/Sub cannot peek: each peeked message counts a delivery, and while
+        it is pulled (a round trip) no other consumer gets it.
+        """
+        pulled = self.receive(min(limit, MAX_BATCH), 0.0, 0.0)
+        if pulled:
+            self.change_visibility([m.receipt for m in pulled], 0.0)
+        return pulled
 
     def dead_letter_queue(self) -> str | None:
         """The subscription's dead-letter topic id, where it has one."""

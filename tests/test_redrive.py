@@ -27,7 +27,15 @@ from leasekit import Queue
 from leasekit.dead_letters import REDRIVEN_REASON
 from leasekit.redrive import redrive
 
-BACKENDS = ["sqlite", "memory", "aws-sqs", "azure-storage-queue", "aliyun-mns", "azure-service-bus"]
+BACKENDS = [
+    "sqlite",
+    "memory",
+    "aws-sqs",
+    "azure-storage-queue",
+    "aliyun-mns",
+    "azure-service-bus",
+    "gcp-pubsub",
+]
 
 
 def _open(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Queue:
@@ -53,6 +61,16 @@ def _open(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Queue
             endpoint=mns.endpoint,
             access_key_id=mns.access_key_id,
             access_key_secret=mns.access_key_secret,
+        )
+    if backend == "gcp-pubsub":
+        pubsub = request.getfixturevalue("pubsub_server")
+        return leasekit.open(
+            backend,
+            project=pubsub.project,
+            queue=name,
+            create=True,
+            endpoint=pubsub.address,
+            dead_letter_topic=f"{name}-dl",
         )
     server = request.getfixturevalue("servicebus_server")
     return leasekit.open(
