@@ -600,6 +600,7 @@ CLOUD_OPTIONS: dict[str, dict[str, Any]] = {
         "connection_string": "Endpoint=sb://127.0.0.1:1;SharedAccessKeyName=k;"
         "SharedAccessKey=v;UseDevelopmentEmulator=true",
     },
+    "gcp-pubsub": {"project": "p", "queue": "q", "endpoint": "127.0.0.1:1"},
 }
 
 
