@@ -11,7 +11,8 @@ URLs:
 Delivery semantics:
     At least once. One stream and one consumer group per queue; every key of a
     queue shares one ``{hash tag}`` (``leasekit:{jobs}:messages`` ...), so a
-    cluster keeps it on one slot. A lease is the entry's idle time in the
+    cluster would keep it on one slot (the driver talks to one server: Redis
+    Cluster's redirections are refused). A lease is the entry's idle time in the
     group's pending list: a receive or renew sets it to ``threshold - duration``
     (``XCLAIM ... IDLE ... JUSTID``, which counts no delivery), and the next
     receive takes an entry whose idle time reached the threshold back with

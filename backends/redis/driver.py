@@ -220,6 +220,11 @@ class _Server:
             )
         self.ackdel = client.eval(scripts.HAS_ACKDEL, 1, key, GROUP) == 1
 
+    @property
+    def used(self) -> bool:
+        """Whether any call was made (a client exists)."""
+        return bool(self._clients)
+
     def close(self) -> None:
         with self._lock:
             clients, self._clients = list(self._clients.values()), {}
@@ -540,6 +545,8 @@ class RedisDriver(Driver):
             return ErrorCode.UNAUTHENTICATED
         if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
             return ErrorCode.UNAVAILABLE
+        if isinstance(exc, redis.exceptions.AskError):  # MOVED too: a cluster's redirection
+            return ErrorCode.UNSUPPORTED
         if isinstance(exc, redis.exceptions.ResponseError):
             word = _word(exc)
             if word in ("NOQUEUE", "NOGROUP"):
@@ -568,11 +575,12 @@ class RedisDriver(Driver):
 
     def close(self) -> None:
         """Drop this driver's consumer from the group if it holds nothing; close connections."""
-        try:
-            client = self._server.client(1.0)
-            client.eval(scripts.CLOSE, 1, self._keys[0], GROUP, self._consumer)
-        except redis.exceptions.RedisError:
-            pass  # best effort: an empty consumer left behind costs a few bytes
+        if self._server.used:
+            try:
+                client = self._server.client(1.0)
+                client.eval(scripts.CLOSE, 1, self._keys[0], GROUP, self._consumer)
+            except redis.exceptions.RedisError:
+                pass  # best effort: an empty consumer left behind costs a few bytes
         if self._owns_server:
             self._server.close()
 

@@ -32,6 +32,7 @@ from leasekit import (
 from leasekit.conformance import AsyncUrlHarness, ConformanceSuite, UrlHarness
 from leasekit.emulators.redis import LocalRedis
 from leasekit.queue import Queue
+from leasekit.spi import ErrorCode
 
 # --------------------------------------------------------------- conformance
 
@@ -253,6 +254,20 @@ def test_a_server_that_may_evict_keys_is_warned_about(caplog: pytest.LogCaptureF
         with level, leasekit.open(evicting.url(), queue="ev", create=True) as q:
             q.send(b"x")
         assert any("allkeys-lru" in r.getMessage() for r in caplog.records)
+
+
+def test_a_cluster_redirection_is_unsupported_and_server_words_are_classified() -> None:
+    """The SDK's own exception objects, as redis-py raises them for these replies."""
+    driver = leasekit.open("redis", queue="classify").driver
+    moved = redis.exceptions.MovedError("3999 127.0.0.1:7001")
+    assert driver.error_code(moved) is ErrorCode.UNSUPPORTED and not driver.is_retryable(moved)
+    busy = redis.exceptions.ResponseError("BUSY Redis is busy running a script")
+    assert driver.error_code(busy) is ErrorCode.UNAVAILABLE and driver.is_retryable(busy)
+    loading = redis.exceptions.BusyLoadingError("Redis is loading the dataset in memory")
+    assert driver.error_code(loading) is ErrorCode.UNAVAILABLE and driver.is_retryable(loading)
+    missing = redis.exceptions.ResponseError("NOGROUP No such key 'k' or consumer group 'g'")
+    assert driver.error_code(missing) is ErrorCode.QUEUE_NOT_FOUND
+    driver.close()
 
 
 def test_a_lost_server_is_backend_unavailable_within_the_call_timeout() -> None:
