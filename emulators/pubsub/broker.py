@@ -614,7 +614,7 @@ class Broker:
                 if key:
                     blocked.add(key)
                 continue
-            limit = byte_budget or max_bytes
+            limit = min((b for b in (byte_budget, max_bytes) if b > 0), default=0)
             if taken and limit and total + pending.size > limit:
                 break
             pending.attempts += 1

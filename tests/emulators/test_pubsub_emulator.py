@@ -536,3 +536,90 @@ def test_iam_get_set_and_test_permissions_as_the_samples_do(clients: Clients) ->
         wanted = ["pubsub.topics.publish", "pubsub.topics.update"]
         allowed = client.test_iam_permissions(request={"resource": resource, "permissions": wanted})
         assert list(allowed.permissions) == wanted
+
+
+class _Requests:
+    """A StreamingPull request stream the test feeds while the call runs."""
+
+    def __init__(self, first: dict[str, Any]) -> None:
+        import queue
+
+        self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.queue.put(gapic.StreamingPullRequest(first))
+
+    def send(self, request: dict[str, Any]) -> None:
+        self.queue.put(gapic.StreamingPullRequest(request))
+
+    def close(self) -> None:
+        self.queue.put(None)
+
+    def __iter__(self) -> Iterator[Any]:
+        while (item := self.queue.get()) is not None:
+            yield item
+
+
+def _next_with_messages(stream: Iterator[Any]) -> Any:
+    for response in stream:
+        if response.received_messages:
+            return response
+    raise AssertionError("the stream ended without messages")
+
+
+def test_a_stream_ack_deadline_change_applies_to_later_deliveries(
+    timed: tuple[Clients, ManualClock],
+) -> None:
+    clients, clock = timed
+    sub = clients.subscription(enable_exactly_once_delivery=True)
+    requests = _Requests({"subscription": sub, "stream_ack_deadline_seconds": 600})
+    stream = iter(clients.subscriber.api.streaming_pull(requests=iter(requests), timeout=WAIT))
+    try:
+        clients.publish(b"first")
+        first = _next_with_messages(stream).received_messages[0]
+        # The change and an ack in one request: the ack's confirmation says both were read.
+        requests.send({"stream_ack_deadline_seconds": 10, "ack_ids": [first.ack_id]})
+        while not next(stream).acknowledge_confirmation.ack_ids:
+            pass
+        clients.publish(b"second")
+        second = _next_with_messages(stream).received_messages[0]
+        assert second.message.data == b"second"
+        clock.advance(11)  # past the new 10 s stream deadline, far from the old 600 s
+        again = _next_with_messages(stream).received_messages
+        assert [m.message.data for m in again] == [b"second"]
+        assert again[0].ack_id != second.ack_id
+    finally:
+        requests.close()
+
+
+def test_stream_flow_control_by_bytes_holds_back_until_an_ack(clients: Clients) -> None:
+    sub = clients.subscription()
+    clients.publish(b"a" * 200)
+    clients.publish(b"b" * 200)
+    requests = _Requests(
+        {"subscription": sub, "stream_ack_deadline_seconds": 60, "max_outstanding_bytes": 100}
+    )
+    stream = iter(clients.subscriber.api.streaming_pull(requests=iter(requests), timeout=WAIT))
+    try:
+        first = _next_with_messages(stream).received_messages
+        assert len(first) == 1, "more than max_outstanding_bytes was sent"
+        requests.send({"ack_ids": [first[0].ack_id]})
+        second = _next_with_messages(stream).received_messages
+        assert len(second) == 1 and second[0].message.data != first[0].message.data
+    finally:
+        requests.close()
+
+
+def test_a_cancelled_stream_leaves_its_messages_leased_until_their_deadline(
+    timed: tuple[Clients, ManualClock],
+) -> None:
+    clients, clock = timed
+    sub = clients.subscription()
+    clients.publish(b"held")
+    requests = _Requests({"subscription": sub, "stream_ack_deadline_seconds": 30})
+    call = clients.subscriber.api.streaming_pull(requests=iter(requests), timeout=WAIT)
+    stream = iter(call)
+    _next_with_messages(stream)
+    requests.close()
+    call.cancel() if hasattr(call, "cancel") else None
+    assert clients.pull(sub, timeout=0.3) == [], "a cancelled stream's message came back early"
+    clock.advance(31)
+    assert [m.message.data for m in clients.pull(sub)] == [b"held"]
