@@ -321,13 +321,17 @@ def test_group_state_through_asyncio(sessions: Queue, servicebus_server: Any) ->
     assert asyncio.run(main()) == (None, b"done")
 
 
-def _keep_alive_threads() -> int:
-    """The SDK's keep-alive threads (one per open connection with a receive link)."""
-    return sum(t.name.endswith("(_keep_alive)") for t in threading.enumerate())
+def _attach_sent(receivers: list[Any]) -> bool:
+    """Whether one of the SDK session receivers has sent its attach (it waits for a session)."""
+    for receiver in receivers:
+        link = getattr(getattr(receiver, "_handler", None), "_link", None)
+        if getattr(getattr(link, "state", None), "name", None) == "ATTACH_SENT":
+            return True
+    return False
 
 
 def test_a_reset_loses_the_holders_session_before_a_rival_receives_it(
-    servicebus_server: Any, fault_proxy: Any, record_property: Any
+    servicebus_server: Any, fault_proxy: Any, record_property: Any, monkeypatch: Any
 ) -> None:
     """Issue 33, item 3: the holder of group g learns of a reset no later than a rival
     is handed g.
@@ -340,8 +344,19 @@ def test_a_reset_loses_the_holders_session_before_a_rival_receives_it(
     So a rival may take the whole group at once; what leasekit guarantees is that
     the holder's lease is lost by then.
     """
+    import leasekit.backends.azure_service_bus_sessions as sessions_module
     from leasekit.emulators.servicebus import connection_string
 
+    # Observe (not change) the session receivers the driver opens: the rival's accept
+    # must be waiting at the service when the reset comes, as a busy rival's would.
+    opened: list[Any] = []
+    open_handler = sessions_module._open_handler
+
+    def observed(receiver: Any, timeout: float) -> None:
+        opened.append(receiver)
+        open_handler(receiver, timeout)
+
+    monkeypatch.setattr(sessions_module, "_open_handler", observed)
     lock = 3.0
     proxy = fault_proxy(servicebus_server.port)
     name = servicebus_server.queue_name("reset")
@@ -369,13 +384,13 @@ def test_a_reset_loses_the_holders_session_before_a_rival_receives_it(
         assert head.message.body == b"g0"
         head.on_lost(lambda lease, error: lost_at.append(time.monotonic()))
         with LeaseKeeper() as keeper, keeper.hold(head):
-            threads = _keep_alive_threads()
+            opened.clear()
             taker = threading.Thread(target=take, daemon=True)
             taker.start()
-            # The rival's connection is open: its accept waits for a session (g is held).
+            # The rival's accept waits at the service for a session (g is held).
             deadline = time.monotonic() + MAX_WAIT
-            while _keep_alive_threads() <= threads:
-                assert time.monotonic() < deadline, "the rival never connected"
+            while not _attach_sent(opened):
+                assert time.monotonic() < deadline, "the rival never asked for a session"
                 time.sleep(0.01)
             holder_deadline = time.monotonic() + head.time_left
             reset = time.monotonic()
