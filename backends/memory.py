@@ -338,26 +338,6 @@ class MemoryDriver(Driver):
     def __repr__(self) -> str:
         return f"<MemoryDriver {self.queue!r}>"
 
-    # ---------------------------------------------------------------- helpers
-
-    def _q(self) -> _MemoryQueue:
-        q = self.broker.queues.get(self.queue)
-        if q is None:
-            raise _not_found(self.queue)
-        return q
-
-    def _held(self, q: _MemoryQueue, receipt: str, now: float) -> _Record:
-        message_id = receipt.partition(":")[0]
-        rec = q.records.get(message_id)
-        if rec is None:
-            raise _lost(f"message {message_id!r} is gone (completed or expired)")
-        if rec.expires_at is not None and rec.expires_at <= now:
-            q.remove(rec)
-            raise _lost(f"message {message_id!r} expired (time-to-live)")
-        if rec.receipt != receipt:
-            raise _lost(f"receipt for {message_id!r} is stale: the message was leased again")
-        return rec
-
     # --------------------------------------------------------------- messages
 
     def send(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
@@ -396,6 +376,81 @@ class MemoryDriver(Driver):
                 tick = min(remaining, WAIT_TICK)
                 broker.cond.wait(tick)
                 remaining -= tick
+
+    def change_visibility(
+        self, receipts: Sequence[str], seconds: float
+    ) -> list[Visibility | BaseException]:
+        """Hide each message for ``seconds`` from now (0: visible at once), under one lock."""
+        results: list[Visibility | BaseException] = []
+        with self.broker.cond:
+            q = self._q()
+            now = self._clock.time()
+            until = to_datetime(now + seconds)
+            for receipt in receipts:
+                try:
+                    rec = self._held(q, receipt, now)
+                except DriverError as exc:
+                    results.append(exc)
+                    continue
+                q.move(rec, now + seconds)
+                if self._rotate:
+                    rec.receipt = f"{rec.id}:{secrets.token_hex(8)}"
+                assert rec.receipt is not None
+                results.append(Visibility(rec.receipt, until))
+            if seconds <= 0:
+                self.broker.cond.notify_all()
+        return results
+
+    def delete(self, receipts: Sequence[str]) -> list[BaseException | None]:
+        """Delete the leased messages, under one lock."""
+        results: list[BaseException | None] = []
+        with self.broker.cond:
+            q = self._q()
+            now = self._clock.time()
+            for receipt in receipts:
+                try:
+                    rec = self._held(q, receipt, now)
+                except DriverError as exc:
+                    results.append(exc)
+                    continue
+                q.remove(rec)
+                if rec.group is not None:
+                    self.broker.cond.notify_all()  # its group's next message is free now
+                results.append(None)
+        return results
+
+    # ------------------------------------------------------------------ admin
+
+    def create_queue(self) -> None:
+        """Create the queue if missing."""
+        with self.broker.cond:
+            self.broker.queues.setdefault(self.queue, _MemoryQueue())
+
+    def delete_queue(self) -> None:
+        """Drop the queue and its messages."""
+        with self.broker.cond:
+            self.broker.queues.pop(self.queue, None)
+            self.broker.cond.notify_all()
+
+    # ---------------------------------------------------------------- helpers
+
+    def _q(self) -> _MemoryQueue:
+        q = self.broker.queues.get(self.queue)
+        if q is None:
+            raise _not_found(self.queue)
+        return q
+
+    def _held(self, q: _MemoryQueue, receipt: str, now: float) -> _Record:
+        message_id = receipt.partition(":")[0]
+        rec = q.records.get(message_id)
+        if rec is None:
+            raise _lost(f"message {message_id!r} is gone (completed or expired)")
+        if rec.expires_at is not None and rec.expires_at <= now:
+            q.remove(rec)
+            raise _lost(f"message {message_id!r} expired (time-to-live)")
+        if rec.receipt != receipt:
+            raise _lost(f"receipt for {message_id!r} is stale: the message was leased again")
+        return rec
 
     def _receive_now(self, max_messages: int, visibility: float) -> list[RawMessage]:
         q = self._q()
@@ -470,30 +525,6 @@ class MemoryDriver(Driver):
             return None
         return head
 
-    def change_visibility(
-        self, receipts: Sequence[str], seconds: float
-    ) -> list[Visibility | BaseException]:
-        """Hide each message for ``seconds`` from now (0: visible at once), under one lock."""
-        results: list[Visibility | BaseException] = []
-        with self.broker.cond:
-            q = self._q()
-            now = self._clock.time()
-            until = to_datetime(now + seconds)
-            for receipt in receipts:
-                try:
-                    rec = self._held(q, receipt, now)
-                except DriverError as exc:
-                    results.append(exc)
-                    continue
-                q.move(rec, now + seconds)
-                if self._rotate:
-                    rec.receipt = f"{rec.id}:{secrets.token_hex(8)}"
-                assert rec.receipt is not None
-                results.append(Visibility(rec.receipt, until))
-            if seconds <= 0:
-                self.broker.cond.notify_all()
-        return results
-
     def checkpoint(
         self, entries: Sequence[CheckpointEntry], seconds: float
     ) -> list[Visibility | BaseException]:
@@ -544,24 +575,6 @@ class MemoryDriver(Driver):
                 self.broker.cond.notify_all()
         return results
 
-    def delete(self, receipts: Sequence[str]) -> list[BaseException | None]:
-        """Delete the leased messages, under one lock."""
-        results: list[BaseException | None] = []
-        with self.broker.cond:
-            q = self._q()
-            now = self._clock.time()
-            for receipt in receipts:
-                try:
-                    rec = self._held(q, receipt, now)
-                except DriverError as exc:
-                    results.append(exc)
-                    continue
-                q.remove(rec)
-                if rec.group is not None:
-                    self.broker.cond.notify_all()  # its group's next message is free now
-                results.append(None)
-        return results
-
     def dead_letter(self, receipt: str, reason: str, message: RawMessage) -> None:
         """Move the leased message to this queue's dead-letter list."""
         with self.broker.cond:
@@ -586,6 +599,15 @@ class MemoryDriver(Driver):
         """The oldest ``limit`` dead letters."""
         with self.broker.cond:
             return [dead.letter for dead in self._q().dead[:limit]]
+
+    def dead_letters_after(self, after: str, limit: int) -> list[DeadLetter]:
+        """The ``limit`` dead letters after the one with id ``after``."""
+        with self.broker.cond:
+            dead = self._q().dead
+            for index, entry in enumerate(dead):
+                if entry.letter.id == after:
+                    return [d.letter for d in dead[index + 1 : index + 1 + limit]]
+        raise KeyError(after)
 
     def dead_letter_store(self) -> MemoryDeadLetters:
         """The dead letters of this queue, leased and deleted like messages (for re-driving)."""
@@ -613,19 +635,6 @@ class MemoryDriver(Driver):
     def sibling(self, queue: str) -> MemoryDriver:
         """The same broker's queue ``queue``."""
         return MemoryDriver(queue=queue, broker=self.broker, rotate_receipts=self._rotate)
-
-    # ------------------------------------------------------------------ admin
-
-    def create_queue(self) -> None:
-        """Create the queue if missing."""
-        with self.broker.cond:
-            self.broker.queues.setdefault(self.queue, _MemoryQueue())
-
-    def delete_queue(self) -> None:
-        """Drop the queue and its messages."""
-        with self.broker.cond:
-            self.broker.queues.pop(self.queue, None)
-            self.broker.cond.notify_all()
 
 
 class MemoryDeadLetters(MemoryDriver):

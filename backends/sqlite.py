@@ -128,6 +128,7 @@ CREATE TABLE IF NOT EXISTS leasekit_dead_letters (
     receipt TEXT
 );
 CREATE INDEX IF NOT EXISTS leasekit_dead_letters_queue ON leasekit_dead_letters (queue, seq);
+CREATE INDEX IF NOT EXISTS leasekit_dead_letters_id ON leasekit_dead_letters (queue, id);
 """
 
 #: The messages a receive takes, in delivery order (then updated by seq, in
@@ -643,17 +644,25 @@ class SqliteDriver(Driver):
                 "FROM leasekit_dead_letters WHERE queue = ? ORDER BY seq LIMIT ?",
                 (self.queue, limit),
             ).fetchall()
-        return [
-            DeadLetter(
-                id=i,
-                body=b,
-                reason=r,
-                delivery_count=c,
-                properties=json.loads(p) if p else {},
-                enqueued_at=to_datetime(at),
-            )
-            for i, b, r, c, p, at in rows
-        ]
+        return _dead_letters(rows)
+
+    def dead_letters_after(self, after: str, limit: int) -> list[DeadLetter]:
+        """The ``limit`` dead letters after ``after``: two index reads, one page of rows."""
+        with self._lock:
+            conn = self._connection()
+            self._exists(conn)
+            found = conn.execute(
+                "SELECT min(seq) FROM leasekit_dead_letters WHERE queue = ? AND id = ?",
+                (self.queue, after),
+            ).fetchone()
+            if found is None or found[0] is None:
+                raise KeyError(after)
+            rows = conn.execute(
+                "SELECT id, body, reason, delivery_count, properties, dead_lettered_at "
+                "FROM leasekit_dead_letters WHERE queue = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (self.queue, found[0], limit),
+            ).fetchall()
+        return _dead_letters(rows)
 
     def dead_letter_store(self) -> SqliteDeadLetters:
         """The dead letters of this queue, leased and deleted like messages (for re-driving)."""
@@ -921,3 +930,18 @@ def _seq_of(receipt: str) -> int:
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
     text = str(exc).lower()
     return "locked" in text or "busy" in text
+
+
+def _dead_letters(rows: list[Any]) -> list[DeadLetter]:
+    """Dead-letter rows (id, body, reason, count, properties, when) as ``DeadLetter``."""
+    return [
+        DeadLetter(
+            id=i,
+            body=b,
+            reason=r,
+            delivery_count=c,
+            properties=json.loads(p) if p else {},
+            enqueued_at=to_datetime(at),
+        )
+        for i, b, r, c, p, at in rows
+    ]

@@ -519,26 +519,55 @@ class Queue:
                 counts = dataclasses.replace(counts, dead_lettered=self._dead_letters.count())
         return counts
 
-    def peek_dead_letters(self, limit: int = 10) -> list[DeadLetter]:
-        """Read up to ``limit`` dead-lettered messages without removing them.
+    def peek_dead_letters(self, limit: int = 10, *, after: str | None = None) -> list[DeadLetter]:
+        """Read up to ``limit`` dead-lettered messages without removing them, oldest first.
+
+        ``after``: the id of a dead letter read before; read the ones after it (the
+        next page), without reading those before it again.
 
         Raises:
-            UnsupportedOperation: the backend cannot read dead letters back.
+            UnsupportedOperation: the backend cannot read dead letters back, or
+                cannot page them (``after`` given: only native stores whose driver
+                has ``dead_letters_after``).
+            InvalidArgument: ``after`` is not a dead letter of this queue (any more).
         """
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise errors.InvalidArgument(f"limit must be a positive int, got {limit!r}")
+        if after is not None and (not isinstance(after, str) or not after):
+            raise errors.InvalidArgument(f"after must be a dead letter's id, got {after!r}")
         limit = min(limit, MAX_PEEK)  # "up to": a larger limit reads everything there is
         self._require_open()
         if not self.capabilities.inspect_dead_letters:
             raise errors.UnsupportedOperation(
                 f"{self._driver.scheme} cannot read dead-lettered messages back"
             )
+        if after is not None:
+            if not self.capabilities.native_dead_letter or (
+                type(self._driver).dead_letters_after is Driver.dead_letters_after
+            ):
+                raise errors.UnsupportedOperation(
+                    f"{self._driver.scheme} cannot page its dead letters (no "
+                    "dead_letters_after): read them from the oldest"
+                )
+            with deadline(self._call_timeout):
+                return self._runner.call(
+                    "read dead letters", partial(self._dead_letters_after, after, limit)
+                )
         with deadline(self._call_timeout):
             if self.capabilities.native_dead_letter:
                 return self._runner.call(
                     "read dead letters", lambda: self._driver.dead_letters(limit)
                 )
             return self._dead_letters.peek(limit)
+
+    def _dead_letters_after(self, after: str, limit: int) -> list[DeadLetter]:
+        try:
+            return self._driver.dead_letters_after(after, limit)
+        except KeyError:
+            raise errors.InvalidArgument(
+                f"{after!r} is not a dead letter of {self.name!r} (any more: re-driven or "
+                "removed); read from the oldest again"
+            ) from None
 
     def redrive(
         self,

@@ -555,6 +555,19 @@ class Driver(ABC):
         """Read up to ``limit`` messages of the native dead-letter store without removing them."""
         raise NotImplementedError("The 'dead_letters' method is not implemented.")
 
+    def dead_letters_after(self, after: str, limit: int) -> list[DeadLetter]:
+        """Read up to ``limit`` dead letters that come after the one whose id is ``after``.
+
+        In :meth:`dead_letters`' order (oldest first), without removing them: the
+        next page, for ``Queue.peek_dead_letters(after=...)``. A driver should read
+        about ``limit`` entries of its store, not the ones before ``after`` (an
+        index on the id and one on the order). Must raise :class:`KeyError` when
+        ``after`` is not a dead letter here (any more: re-driven or removed). The
+        default raises :class:`NotImplementedError`: the backend cannot page its
+        dead letters, and core says so before any call.
+        """
+        raise NotImplementedError("The 'dead_letters_after' method is not implemented.")
+
     def dead_letter_store(self) -> Driver:
         """A driver over this queue's native dead-letter store, for re-driving dead letters.
 

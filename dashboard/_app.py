@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
@@ -354,17 +355,33 @@ class Dashboard:
     # -------------------------------------------------------- dead letters
 
     def read_dead_letters(
-        self, qid: str, *, reason: str, older_than: float | None, offset: int, size: int
-    ) -> tuple[list[DeadLetter], bool, int]:
-        """A page of ``qid``'s dead letters matching the filter; (page, more, rows read)."""
-        queue = self.targets[qid].queue
-        filtered = bool(reason) or older_than is not None
-        want = MAX_SCAN if filtered else min(offset + size + 1, MAX_SCAN)
-        letters = queue.peek_dead_letters(want)
-        matching = [dl for dl in letters if _matches(dl, reason, older_than)]
-        page = matching[offset : offset + size]
-        more = len(matching) > offset + size
-        return page, more, len(letters)
+        self,
+        qid: str,
+        *,
+        reason: str,
+        older_than: float | None,
+        offset: int,
+        after: str | None,
+        size: int,
+    ) -> DeadLetterPage:
+        """A page of ``qid``'s dead letters matching the filter, after the dead letter ``after``.
+
+        Where the backend pages (``Queue.peek_dead_letters(after=...)``) a page reads
+        from where the last one ended: a page and one more unfiltered, at most
+        :data:`MAX_SCAN` rows while a filter searches (the next page goes on from
+        there). Elsewhere it reads from the oldest, ``offset`` plus a page, and a
+        filter sees the oldest ``MAX_SCAN`` only.
+        """
+        target = self.targets[qid]
+        if target.can_page is not False:
+            try:
+                page = _read_after(target.queue, reason, older_than, after, size)
+                if after is not None:
+                    target.can_page = True
+                return page
+            except errors.UnsupportedOperation:
+                target.can_page = False
+        return _read_from_oldest(target.queue, reason, older_than, offset, size)
 
     def dry_run(self, qid: str, reason: str, older_text: str) -> Plan:
         """Count the dead letters a redrive with this filter would move, and keep their ids."""
@@ -427,6 +444,64 @@ class Dashboard:
 
 
 # ------------------------------------------------------------------ helpers
+
+
+@dataclass(frozen=True)
+class DeadLetterPage:
+    """One page of dead letters and where the next one starts."""
+
+    letters: list[DeadLetter]
+    #: The next page reads after this dead letter (``None``: from the offset).
+    next_after: str | None
+    more: bool
+    #: Rows this page read from the backend.
+    scanned: int
+    #: A filter's search stopped at ``MAX_SCAN`` rows before filling the page.
+    capped: bool
+
+
+def _read_after(
+    queue: Queue, reason: str, older_than: float | None, after: str | None, size: int
+) -> DeadLetterPage:
+    filtered = bool(reason) or older_than is not None
+    chunk = max(2 * size, 100) if filtered else size + 1
+    matches: list[DeadLetter] = []
+    scanned = 0
+    last = after
+    exhausted = False
+    while len(matches) <= size and scanned < MAX_SCAN:
+        want = min(chunk, MAX_SCAN - scanned)
+        batch = (
+            queue.peek_dead_letters(want)
+            if last is None
+            else queue.peek_dead_letters(want, after=last)
+        )
+        scanned += len(batch)
+        matches += [dl for dl in batch if _matches(dl, reason, older_than)]
+        if batch:
+            last = batch[-1].id
+        if len(batch) < want:
+            exhausted = True
+            break
+    page = matches[:size]
+    if len(matches) > size:
+        return DeadLetterPage(page, page[-1].id, True, scanned, False)
+    if exhausted:
+        return DeadLetterPage(page, None, False, scanned, False)
+    return DeadLetterPage(page, last, True, scanned, True)  # the search goes on from `last`
+
+
+def _read_from_oldest(
+    queue: Queue, reason: str, older_than: float | None, offset: int, size: int
+) -> DeadLetterPage:
+    filtered = bool(reason) or older_than is not None
+    want = MAX_SCAN if filtered else min(offset + size + 1, MAX_SCAN)
+    letters = queue.peek_dead_letters(want)
+    matching = [dl for dl in letters if _matches(dl, reason, older_than)]
+    page = matching[offset : offset + size]
+    more = len(matching) > offset + size and offset + size < MAX_SCAN
+    return DeadLetterPage(page, None, more, len(letters), len(letters) >= MAX_SCAN)
+
 
 _SLUG = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -759,6 +834,7 @@ class _Views:
             raise BadInput(f"size takes 1 to {MAX_PAGE}")
         size = int(size_text)
         offset = 0
+        after: str | None = None
         cursor = params.get("cursor")
         if cursor:
             payload = unsign(self.settings.secret, cursor)
@@ -767,27 +843,40 @@ class _Views:
                 or payload.get("r") != reason
                 or payload.get("o") != older_text
                 or not isinstance(payload.get("n"), int)
-                or not 0 <= payload["n"] <= MAX_SCAN
+                or not 0 <= payload["n"] <= 10**9
+                or not isinstance(payload.get("a"), str | None)
             ):
                 raise BadInput("this cursor belongs to another queue or filter; start again")
             offset = payload["n"]
+            after = payload["a"]
         if not target.queue.capabilities.inspect_dead_letters:
             raise errors.UnsupportedOperation(
                 f"{target.queue.driver.scheme} cannot read dead letters back "
                 "(capabilities.inspect_dead_letters is false)"
             )
-        page, more, scanned = await run_in_threadpool(
-            self.dash.read_dead_letters,
-            qid,
-            reason=reason,
-            older_than=older,
-            offset=offset,
-            size=size,
+        found = await run_in_threadpool(
+            partial(
+                self.dash.read_dead_letters,
+                qid,
+                reason=reason,
+                older_than=older,
+                offset=offset,
+                after=after,
+                size=size,
+            )
         )
+        page = found.letters
         next_cursor = None
-        if more and offset + size < MAX_SCAN:
+        if found.more:
             next_cursor = sign(
-                self.settings.secret, {"q": qid, "r": reason, "o": older_text, "n": offset + size}
+                self.settings.secret,
+                {
+                    "q": qid,
+                    "r": reason,
+                    "o": older_text,
+                    "n": offset + len(page),
+                    "a": found.next_after,
+                },
             )
         now = datetime.now(UTC)
         letters = [
@@ -808,8 +897,9 @@ class _Views:
             "size": size,
             "offset": offset,
             "next_cursor": next_cursor,
-            "scanned": scanned,
-            "capped": scanned >= MAX_SCAN,
+            "scanned": found.scanned,
+            "capped": found.capped,
+            "paged": self.dash.targets[qid].can_page is not False,
             "max_scan": MAX_SCAN,
         }
 

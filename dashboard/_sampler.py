@@ -79,6 +79,9 @@ class QueueTarget:
     sampling: bool = False
     #: Sampled only until then (monotonic): a dashboard nobody looks at stops calling.
     wanted_until: float = field(default_factory=lambda: time.monotonic() + IDLE)
+    #: Whether the backend pages dead letters (``peek_dead_letters(after=...)``);
+    #: ``None`` until a page found out.
+    can_page: bool | None = None
 
     def sample(self) -> None:
         """Read the counts now (on the sampler's thread, or a test's)."""

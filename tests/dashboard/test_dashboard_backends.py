@@ -73,3 +73,23 @@ def test_browse_peeks_for_free_on_azure_storage_queue(azure_queue, make_client):
     [lease] = queue.lease(duration=30)
     assert lease.message.delivery_count == 1  # looking did not count as a delivery
     lease.complete()
+
+
+def test_a_poison_queue_cannot_page_its_dead_letters_and_pages_fall_back(azure_queue, make_client):
+    queue, _proxy, _key = azure_queue
+    with pytest.raises(leasekit.UnsupportedOperation, match="cannot page"):
+        queue.peek_dead_letters(5, after="some-id")
+    for i in range(3):
+        queue.send(f"m{i}".encode())
+    left = 3
+    while left:
+        for lease in queue.lease(max_messages=3, duration=30):
+            lease.dead_letter("boom")
+            left -= 1
+    client, _ = make_client([queue])
+    first = client.get("/api/queues/dashboard-down/dead-letters?size=2").json()
+    second = client.get(
+        f"/api/queues/dashboard-down/dead-letters?size=2&cursor={first['next_cursor']}"
+    ).json()
+    assert len(first["letters"]) == 2 and len(second["letters"]) == 1
+    assert second["scanned"] == 3  # from the oldest again: this store has no cursor

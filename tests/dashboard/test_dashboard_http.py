@@ -227,11 +227,46 @@ def test_dead_letters_page_by_signed_cursor_reading_no_more_than_needed(
         f"/api/queues/orders/dead-letters?size=20&cursor={first['next_cursor']}"
     ).json()
     assert [dl["id"] for dl in second["letters"]] == ids[20:40]
+    assert second["scanned"] == 21  # from where page 1 ended, not from the oldest
     third = client.get(
         f"/api/queues/orders/dead-letters?size=20&cursor={second['next_cursor']}"
     ).json()
     assert [dl["id"] for dl in third["letters"]] == ids[40:]
-    assert third["next_cursor"] is None
+    assert third["next_cursor"] is None and third["scanned"] == 5
+
+
+def test_a_filter_searches_on_page_by_page_past_the_scan_bound(
+    orders, make_client, monkeypatch
+) -> None:
+    from leasekit.dashboard import _app
+
+    monkeypatch.setattr(_app, "MAX_SCAN", 50)
+    dead_letter(orders, [b"old"] * 120, reason="timeout")
+    wanted = dead_letter(orders, [b"new"] * 3, reason="bad json")
+    client, _ = make_client([orders])
+    seen: list[str] = []
+    url = "/api/queues/orders/dead-letters?reason=json&size=10"
+    for _ in range(5):
+        page = client.get(url).json()
+        assert page["scanned"] <= 50
+        seen += [dl["id"] for dl in page["letters"]]
+        if page["next_cursor"] is None:
+            break
+        url = f"/api/queues/orders/dead-letters?reason=json&size=10&cursor={page['next_cursor']}"
+    assert seen == wanted
+    html = client.get("/queues/orders/dead-letters?reason=json&size=10").text
+    assert "the next page goes on from there" in html
+
+
+def test_a_cursor_past_a_dead_letter_that_was_redriven_says_start_again(
+    orders, make_client
+) -> None:
+    dead_letter(orders, [b"a", b"b", b"c"])
+    client, _ = make_client([orders])
+    cursor = client.get("/api/queues/orders/dead-letters?size=1").json()["next_cursor"]
+    assert orders.redrive() == 3
+    response = client.get(f"/queues/orders/dead-letters?size=1&cursor={cursor}")
+    assert response.status_code == 400 and "read from the oldest again" in response.text
 
 
 def test_dead_letters_filter_by_reason_and_age(orders, make_client) -> None:
