@@ -338,7 +338,13 @@ class ServiceBusEmulator(Handler):
             event.connection.close()
 
     def on_transport_closed(self, event: Any) -> None:
-        """Forget the links of a connection whose socket closed."""
+        """Forget the links of a connection whose socket closed (reset or closed).
+
+        As Service Bus does with a broken connection ("the lock is dropped",
+        Message transfers, locks, and settlement): its sessions are released at
+        once, their messages uncounted (:mod:`.sessions`), and its other locks can
+        no longer settle (:meth:`Broker.drop_connection_locks`).
+        """
         if event.connection is not None:
             self._forget_connection(event.connection)
 

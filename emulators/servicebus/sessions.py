@@ -21,14 +21,29 @@ and what is emulated here:
   failed delivery counted (as for any lock that ends, ``LockedUntil``: "When the
   lock expires, the DeliveryCount is incremented"), and any later use of the lost
   lock is ``com.microsoft:session-lock-lost``;
+* "The lock is released when you call the close related methods on the receiver
+  or when the lock expires" (Message sessions), and on a broken connection "the
+  lock is dropped since Service Bus does not support recovery of existing AMQP
+  links on a different connection" (Message transfers, locks, and settlement):
+  a session receiver whose link detaches, or whose connection is gone (reset,
+  closed), releases the session at once, and the next receiver may accept it
+  then, long before the lock would have ended;
+* the delivery count of such a session's messages is not raised: "Session is
+  accepted, the messages within the session aren't completed (even if they are
+  locked), and the session is closed" does not increment it, while "Session is
+  accepted, but the session lock expires (due to timeout)" does (Message
+  sessions, "Impact of delivery count");
 * session state: an opaque binary value per session, set and read by the lock
   holder (``set-session-state`` / ``get-session-state``), kept while the session
   has no messages.
 
 Not documented, chosen here: the next available session is the one whose first
-available message has the lowest sequence number; a session receiver that
-detaches gives its unsettled messages back without counting a failed delivery
-(the lock was released, not lost).
+available message has the lowest sequence number. A gone connection counts as a
+closed session (the documents name only close and expiry; the connection's locks
+are "dropped", not expired), so its messages come back uncounted; an Azure SDK
+issue reports the same of the service ("The session lock is released (on the
+server) if the connection between the client and the server is severed",
+Azure/azure-service-bus#694).
 """
 
 from __future__ import annotations

@@ -262,6 +262,50 @@ def test_closing_a_session_receiver_releases_the_session(
         again.complete_message(message)
 
 
+def test_a_session_whose_connection_is_reset_is_released_at_once_uncounted(
+    client: ServiceBusClient, servicebus_server: Any, fault_proxy: Any
+) -> None:
+    """What Service Bus documents for a broken connection, with the real SDK.
+
+    "If the reason is a broken network connection, the lock is dropped since
+    Service Bus does not support recovery of existing AMQP links on a different
+    connection" (Message transfers, locks, and settlement), and the session lock is
+    released when the receiver's link closes, not only when the lock expires;
+    "Session is accepted, the messages within the session aren't completed (even if
+    they are locked), and the session is closed": the delivery count is not
+    incremented (Message sessions, "Impact of delivery count"). So another receiver
+    accepts the session at once, long before the lock would end, and gets its
+    messages in order with no failed delivery counted.
+    """
+    from leasekit.emulators.servicebus import connection_string
+
+    queue = session_queue(servicebus_server)  # a 5 s lock: a rival in time cannot be expiry
+    send(client, queue, "A", "a1", "a2")
+    proxy = fault_proxy(servicebus_server.port)
+    with ServiceBusClient.from_connection_string(
+        connection_string(proxy.host, proxy.port), retry_total=0
+    ) as through:
+        holder = through.get_queue_receiver(queue, session_id="A", keep_alive=0)
+        holder.__enter__()
+        try:
+            assert [m.delivery_count for m in receive_until(holder, 2)] == [0, 0]
+            locked_until = holder.session.locked_until_utc
+            proxy.drop()
+            with client.get_queue_receiver(
+                queue, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=MAX_WAIT, keep_alive=0
+            ) as rival:
+                assert rival.session.session_id == "A"
+                back = receive_until(rival, 2)
+                assert utcnow() < locked_until - datetime.timedelta(seconds=2)
+                assert [str(m) for m in back] == ["a1", "a2"]
+                assert [m.delivery_count for m in back] == [0, 0]
+                for message in back:
+                    rival.complete_message(message)
+        finally:
+            proxy.pass_()
+            holder.close()
+
+
 def test_session_queue_refuses_a_message_without_session_id(
     client: ServiceBusClient, servicebus_server: Any
 ) -> None:
