@@ -42,8 +42,8 @@ from leasekit.backends.aws_sqs import (  # noqa: E402 - after the importorskip
     ATTRIBUTE_ROOM,
     PACKED,
     SqsDriver,
-    _entry_error,
 )
+from leasekit.backends.aws_sqs.error_codes import _entry_error  # noqa: E402
 
 
 class TestSqsConformance(ConformanceSuite):
