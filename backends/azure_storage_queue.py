@@ -617,19 +617,6 @@ class AzureStorageQueueDriver(Driver):
     def __repr__(self) -> str:
         return f"<AzureStorageQueueDriver {self._endpoint} queue={self.queue!r}>"
 
-    # --------------------------------------------------------------- messages
-
-    def validate(self, message: OutgoingMessage) -> None:
-        """Refuse a body whose text (base64, or the envelope with properties) passes 64 KiB."""
-        text = encode_message(message.body, message.properties)
-        if len(text) > MAX_TEXT:
-            raise DriverError(
-                ErrorCode.TOO_LARGE,
-                f"the body ({len(message.body)} bytes) and properties encode to {len(text)} "
-                f"characters; Azure Storage Queue takes at most {MAX_TEXT}",
-                backend_code="RequestBodyTooLarge",
-            )
-
     def send(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
         """``Put Message`` for each (base64 text, or the envelope when it has properties).
 
@@ -660,20 +647,6 @@ class AzureStorageQueueDriver(Driver):
             return []
         return [self._raw(m) for m in page]
 
-    def _raw(self, message: QueueMessage) -> RawMessage:
-        body, properties, checkpoint = decode_text(message.content)
-        return RawMessage(
-            id=message.id,
-            body=body,
-            receipt=f"{message.id}:{message.pop_receipt}",
-            delivery_count=int(message.dequeue_count or 1),
-            enqueued_at=_when(message.inserted_on),
-            visible_until=_when(message.next_visible_on),
-            properties=properties,
-            raw=message,
-            checkpoint=checkpoint,
-        )
-
     def change_visibility(
         self, receipts: Sequence[str], seconds: float
     ) -> list[Visibility | BaseException]:
@@ -694,6 +667,64 @@ class AzureStorageQueueDriver(Driver):
             )
 
         return each(receipts, update)
+
+    def delete(self, receipts: Sequence[str]) -> list[BaseException | None]:
+        """``Delete Message`` for each, with its pop receipt (the service has no batch delete)."""
+
+        def delete_one(receipt: str) -> None:
+            message_id, pop_receipt = _receipt_parts(receipt)
+            self._client.delete_message(message_id, pop_receipt, **self._timeouts())
+
+        return each(receipts, delete_one)
+
+    # ------------------------------------------------------------------ admin
+
+    def create_queue(self) -> None:
+        """Create the queue; succeed if it exists."""
+        from azure.core.exceptions import ResourceExistsError
+
+        try:
+            self._client.create_queue(**self._timeouts())
+        except ResourceExistsError as exc:
+            if _error_code_of(exc) not in _QUEUE_EXISTS:
+                raise
+
+    def delete_queue(self) -> None:
+        """Delete the queue; succeed if it does not exist."""
+        from azure.core.exceptions import ResourceNotFoundError
+
+        try:
+            self._client.delete_queue(**self._timeouts())
+        except ResourceNotFoundError as exc:
+            if _error_code_of(exc) not in _QUEUE_NOT_FOUND:
+                raise
+
+    # --------------------------------------------------------------- messages
+
+    def validate(self, message: OutgoingMessage) -> None:
+        """Refuse a body whose text (base64, or the envelope with properties) passes 64 KiB."""
+        text = encode_message(message.body, message.properties)
+        if len(text) > MAX_TEXT:
+            raise DriverError(
+                ErrorCode.TOO_LARGE,
+                f"the body ({len(message.body)} bytes) and properties encode to {len(text)} "
+                f"characters; Azure Storage Queue takes at most {MAX_TEXT}",
+                backend_code="RequestBodyTooLarge",
+            )
+
+    def _raw(self, message: QueueMessage) -> RawMessage:
+        body, properties, checkpoint = decode_text(message.content)
+        return RawMessage(
+            id=message.id,
+            body=body,
+            receipt=f"{message.id}:{message.pop_receipt}",
+            delivery_count=int(message.dequeue_count or 1),
+            enqueued_at=_when(message.inserted_on),
+            visible_until=_when(message.next_visible_on),
+            properties=properties,
+            raw=message,
+            checkpoint=checkpoint,
+        )
 
     def checkpoint(
         self, entries: Sequence[CheckpointEntry], seconds: float
@@ -730,15 +761,6 @@ class AzureStorageQueueDriver(Driver):
             )
 
         return each(entries, update)
-
-    def delete(self, receipts: Sequence[str]) -> list[BaseException | None]:
-        """``Delete Message`` for each, with its pop receipt (the service has no batch delete)."""
-
-        def delete_one(receipt: str) -> None:
-            message_id, pop_receipt = _receipt_parts(receipt)
-            self._client.delete_message(message_id, pop_receipt, **self._timeouts())
-
-        return each(receipts, delete_one)
 
     def peek(self, limit: int) -> list[RawMessage]:
         """``Peek Messages``: up to ``min(limit, 32)`` visible messages, no receipts."""
@@ -779,28 +801,6 @@ class AzureStorageQueueDriver(Driver):
         twin._read_timeout = self._read_timeout
         twin._sdk_retries = self._sdk_retries
         return twin
-
-    # ------------------------------------------------------------------ admin
-
-    def create_queue(self) -> None:
-        """Create the queue; succeed if it exists."""
-        from azure.core.exceptions import ResourceExistsError
-
-        try:
-            self._client.create_queue(**self._timeouts())
-        except ResourceExistsError as exc:
-            if _error_code_of(exc) not in _QUEUE_EXISTS:
-                raise
-
-    def delete_queue(self) -> None:
-        """Delete the queue; succeed if it does not exist."""
-        from azure.core.exceptions import ResourceNotFoundError
-
-        try:
-            self._client.delete_queue(**self._timeouts())
-        except ResourceNotFoundError as exc:
-            if _error_code_of(exc) not in _QUEUE_NOT_FOUND:
-                raise
 
     # ----------------------------------------------------------------- errors
 

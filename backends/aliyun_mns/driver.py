@@ -225,35 +225,6 @@ class AliyunMnsDriver(Driver):
         ordered = " ordered" if self.ordered else ""
         return f"<AliyunMnsDriver {self._endpoint} queue={self.queue!r}{ordered}>"
 
-    # --------------------------------------------------------------- messages
-
-    def _sdk_message(self, message: OutgoingMessage) -> Any:
-        from mns.queue import Message
-
-        sdk_message = Message(encode_body(message.body))
-        if self.ordered and message.group is not None:
-            sdk_message.set_message_group_id(message.group)
-        if message.delay > 0:
-            sdk_message.set_delayseconds(min(MAX_DELAY, _whole_seconds(message.delay)))
-        for name, value in message.properties.items():
-            sdk_message.add_user_property(name, _property_value(name, value))
-        return sdk_message
-
-    def validate(self, message: OutgoingMessage) -> None:
-        """Refuse properties MNS cannot carry (an empty value, a name that is not plain text).
-
-        On an ordered queue, also a message without a group (MNS requires ``MessageGroupId``).
-        """
-        if self.ordered and message.group is None:
-            raise DriverError(
-                ErrorCode.INVALID_ARGUMENT,
-                f"aliyun-mns: ordered queue {self.queue!r} needs a group on every message "
-                "(send(..., group=...))",
-                backend_code="FifoMissingMessageGroupId",
-            )
-        for name, value in message.properties.items():
-            _property_value(name, value)
-
     def send(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
         """``SendMessage`` for one, ``BatchSendMessage`` (≤ 16) for several; a result per message.
 
@@ -303,38 +274,6 @@ class AliyunMnsDriver(Driver):
                     return []
                 raise
         return [self._raw(m) for m in messages]
-
-    def _raw(self, message: Any) -> RawMessage:
-        return received(  # the fields set directly: half a frozen dataclass's __init__
-            str(message.message_id),
-            decode_body(message.message_body),
-            str(message.receipt_handle),
-            int(message.dequeue_count),
-            _ms(message.enqueue_time),
-            _ms(message.next_visible_time),
-            _read_properties(message.get_user_properties()),
-            message,
-            None,
-            (message.message_group_id or None) if self.ordered else None,
-        )
-
-    def _check_fifo(self) -> None:
-        """Once per driver, make sure a queue opened as ordered is a FIFO queue.
-
-        Raises the SDK's error (``QueueNotExist`` for a missing queue), or a
-        ``DriverError`` for a standard queue: it would not keep the order.
-        """
-        if self._control is None or self._fifo_checked:
-            return
-        queue_type = self._control.queue_type(self.queue)
-        if queue_type != FIFO_QUEUE_TYPE:
-            raise DriverError(
-                ErrorCode.INVALID_ARGUMENT,
-                f"aliyun-mns: queue {self.queue!r} was opened with ordered=true but is a "
-                f"{queue_type!r} queue, which keeps no order; use an ordered (FIFO) queue",
-                backend_code="NotFifoQueue",
-            )
-        self._fifo_checked = True
 
     def change_visibility(
         self, receipts: Sequence[str], seconds: float
@@ -389,6 +328,112 @@ class AliyunMnsDriver(Driver):
                 }
                 return [failed.get(receipt) for receipt in receipts]
         return [None] * len(receipts)
+
+    # ------------------------------------------------------------------ admin
+
+    def create_queue(self) -> None:
+        """``CreateQueue`` with MNS's default attributes; succeed if the queue exists.
+
+        An ordered queue is created through the OpenAPI (``QueueType=fifo``); one that
+        exists already must be a FIFO queue (else ``QueueAlreadyExist``).
+        """
+        from mns.mns_exception import MNSServerException
+        from mns.queue import QueueMeta
+
+        if self._control is not None:
+            try:
+                self._control.create_queue(self.queue, FIFO_QUEUE_TYPE)
+            except Exception as exc:
+                if _openapi_code(exc) not in _QUEUE_EXISTS:
+                    raise
+                if self._control.queue_type(self.queue) != FIFO_QUEUE_TYPE:
+                    raise DriverError(
+                        ErrorCode.QUEUE_EXISTS,
+                        f"aliyun-mns: queue {self.queue!r} exists and is not an ordered "
+                        "(FIFO) queue",
+                        backend_code="QueueAlreadyExist",
+                    ) from exc
+            self._fifo_checked = True
+            return
+        with self._clients.queue(self.queue) as sdk_queue:
+            try:
+                sdk_queue.create(QueueMeta())
+            except MNSServerException as exc:
+                # 409 QueueAlreadyExist: it exists with other attributes; keep them.
+                if exc.type not in _QUEUE_EXISTS:
+                    raise
+
+    def delete_queue(self) -> None:
+        """``DeleteQueue``; succeed if the queue does not exist."""
+        from mns.mns_exception import MNSServerException
+
+        with self._clients.queue(self.queue) as sdk_queue:
+            try:
+                sdk_queue.delete()
+            except MNSServerException as exc:
+                if exc.type not in _QUEUE_NOT_FOUND:
+                    raise
+
+    # --------------------------------------------------------------- messages
+
+    def _sdk_message(self, message: OutgoingMessage) -> Any:
+        from mns.queue import Message
+
+        sdk_message = Message(encode_body(message.body))
+        if self.ordered and message.group is not None:
+            sdk_message.set_message_group_id(message.group)
+        if message.delay > 0:
+            sdk_message.set_delayseconds(min(MAX_DELAY, _whole_seconds(message.delay)))
+        for name, value in message.properties.items():
+            sdk_message.add_user_property(name, _property_value(name, value))
+        return sdk_message
+
+    def validate(self, message: OutgoingMessage) -> None:
+        """Refuse properties MNS cannot carry (an empty value, a name that is not plain text).
+
+        On an ordered queue, also a message without a group (MNS requires ``MessageGroupId``).
+        """
+        if self.ordered and message.group is None:
+            raise DriverError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"aliyun-mns: ordered queue {self.queue!r} needs a group on every message "
+                "(send(..., group=...))",
+                backend_code="FifoMissingMessageGroupId",
+            )
+        for name, value in message.properties.items():
+            _property_value(name, value)
+
+    def _raw(self, message: Any) -> RawMessage:
+        return received(  # the fields set directly: half a frozen dataclass's __init__
+            str(message.message_id),
+            decode_body(message.message_body),
+            str(message.receipt_handle),
+            int(message.dequeue_count),
+            _ms(message.enqueue_time),
+            _ms(message.next_visible_time),
+            _read_properties(message.get_user_properties()),
+            message,
+            None,
+            (message.message_group_id or None) if self.ordered else None,
+        )
+
+    def _check_fifo(self) -> None:
+        """Once per driver, make sure a queue opened as ordered is a FIFO queue.
+
+        Raises the SDK's error (``QueueNotExist`` for a missing queue), or a
+        ``DriverError`` for a standard queue: it would not keep the order.
+        """
+        if self._control is None or self._fifo_checked:
+            return
+        queue_type = self._control.queue_type(self.queue)
+        if queue_type != FIFO_QUEUE_TYPE:
+            raise DriverError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"aliyun-mns: queue {self.queue!r} was opened with ordered=true but is a "
+                f"{queue_type!r} queue, which keeps no order; use an ordered (FIFO) queue",
+                backend_code="NotFifoQueue",
+            )
+        self._fifo_checked = True
 
     def peek(self, limit: int) -> list[RawMessage]:
         """``BatchPeekMessage`` of up to ``min(limit, 16)`` visible messages (no receipts)."""
@@ -450,51 +495,6 @@ class AliyunMnsDriver(Driver):
         twin._control = self._control
         twin._fifo_checked = False
         return twin
-
-    # ------------------------------------------------------------------ admin
-
-    def create_queue(self) -> None:
-        """``CreateQueue`` with MNS's default attributes; succeed if the queue exists.
-
-        An ordered queue is created through the OpenAPI (``QueueType=fifo``); one that
-        exists already must be a FIFO queue (else ``QueueAlreadyExist``).
-        """
-        from mns.mns_exception import MNSServerException
-        from mns.queue import QueueMeta
-
-        if self._control is not None:
-            try:
-                self._control.create_queue(self.queue, FIFO_QUEUE_TYPE)
-            except Exception as exc:
-                if _openapi_code(exc) not in _QUEUE_EXISTS:
-                    raise
-                if self._control.queue_type(self.queue) != FIFO_QUEUE_TYPE:
-                    raise DriverError(
-                        ErrorCode.QUEUE_EXISTS,
-                        f"aliyun-mns: queue {self.queue!r} exists and is not an ordered "
-                        "(FIFO) queue",
-                        backend_code="QueueAlreadyExist",
-                    ) from exc
-            self._fifo_checked = True
-            return
-        with self._clients.queue(self.queue) as sdk_queue:
-            try:
-                sdk_queue.create(QueueMeta())
-            except MNSServerException as exc:
-                # 409 QueueAlreadyExist: it exists with other attributes; keep them.
-                if exc.type not in _QUEUE_EXISTS:
-                    raise
-
-    def delete_queue(self) -> None:
-        """``DeleteQueue``; succeed if the queue does not exist."""
-        from mns.mns_exception import MNSServerException
-
-        with self._clients.queue(self.queue) as sdk_queue:
-            try:
-                sdk_queue.delete()
-            except MNSServerException as exc:
-                if exc.type not in _QUEUE_NOT_FOUND:
-                    raise
 
     # ----------------------------------------------------------------- errors
 
