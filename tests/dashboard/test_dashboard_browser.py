@@ -1,6 +1,7 @@
 """The dashboard in a real browser: Debian's Chromium, headless, driven by Playwright.
 
-One browser for the session; each test opens a fresh context (its own cookies).
+One browser for the module (not the session: see the ``browser`` fixture); each
+test opens a new page with no cookie from another.
 The app runs under uvicorn on a free loopback port, as ``leasekit dashboard``
 runs it. Screenshots go to ``$LEASEKIT_DASHBOARD_SCREENSHOTS`` when set (the
 docs' images: ``LEASEKIT_DASHBOARD_SCREENSHOTS=docs/img``), else to a temporary
@@ -52,9 +53,14 @@ WIDE = {"width": 1280, "height": 800}
 NARROW = {"width": 390, "height": 844}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """One headless Chromium for the whole session, with a fresh user data dir."""
+    """One headless Chromium for these tests, with a fresh user data dir.
+
+    Module-scoped, not session-scoped: while Playwright's sync API is open, its
+    event loop runs on the main thread, and every later ``asyncio.run()`` in the
+    session would fail. Stopped after this module's tests, it leaves none behind.
+    """
     with (
         tempfile.TemporaryDirectory(prefix="leasekit-chromium-") as profile,
         sync_api.sync_playwright() as playwright,
