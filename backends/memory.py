@@ -600,6 +600,15 @@ class MemoryDriver(Driver):
         with self.broker.cond:
             return [dead.letter for dead in self._q().dead[:limit]]
 
+    def dead_letters_after(self, after: str, limit: int) -> list[DeadLetter]:
+        """The ``limit`` dead letters after the one with id ``after``."""
+        with self.broker.cond:
+            dead = self._q().dead
+            for index, entry in enumerate(dead):
+                if entry.letter.id == after:
+                    return [d.letter for d in dead[index + 1 : index + 1 + limit]]
+        raise KeyError(after)
+
     def dead_letter_store(self) -> MemoryDeadLetters:
         """The dead letters of this queue, leased and deleted like messages (for re-driving)."""
         return MemoryDeadLetters(self.queue, self.broker)
