@@ -31,7 +31,8 @@ Delivery semantics:
 Limits:
     Leases 0.01 s – 30 days at millisecond resolution; 500 messages per receive,
     renew, delete and send call; bodies up to ``max_message_size`` (1 MiB by
-    default; Redis's limit is 512 MB). No long poll (core polls with backoff).
+    default; Redis's limit is 512 MB). Long poll: a receive that finds nothing
+    blocks in ``XREAD`` (woken by a send) for at most 250 ms at a time.
     ``Queue.stats()`` counts are exact: visible, leased, delayed, dead-lettered.
 
 Raw types:

@@ -190,6 +190,7 @@ return out
 #: delayed message's own id and send time; ``dcount``/reason: a dead letter's;
 #: ``-`` or -1 where missing), then the body, properties, checkpoint and reason.
 #: Reclaimed messages (lapsed leases, abandoned ones) come first, then new.
+#: With no message: ``!last-entry-id due-in-ms`` (see the driver's long poll).
 RECEIVE = (
     _PRELUDE
     + """
@@ -254,7 +255,15 @@ if #taken < want then
   end
 end
 if #taken < want and not reclaimed then reclaim() end
-if #taken == 0 then return '' end
+if #taken == 0 then
+  -- Nothing: say where the stream ends (a blocking XREAD from there wakes on the
+  -- next send) and when the next delayed message is due (ms from now, -1: none).
+  local last = redis.call('XREVRANGE', s, '+', '-', 'COUNT', 1)[1]
+  local next_due = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')[2]
+  local due_in = -1
+  if next_due then due_in = math.max(0, tonumber(next_due) - now) end
+  return '!' .. (last and last[1] or '0-0') .. ' ' .. due_in
+end
 local ids, args = {}, {'XCLAIM', s, g, me, 0}
 for i, e in ipairs(taken) do
   ids[i] = e[1]

@@ -258,6 +258,33 @@ def test_each_batch_is_one_script_call(queue: Queue, server: LocalRedis) -> None
     assert queue.stats().total == 0
 
 
+def test_an_idle_receive_blocks_on_the_stream_and_a_send_wakes_it(
+    queue: Queue, server: LocalRedis
+) -> None:
+    client = _client(server)
+
+    def xreads() -> int:
+        return int(client.info("commandstats").get("cmdstat_xread", {"calls": 0})["calls"])
+
+    before = xreads()
+    sender_done = threading.Event()
+
+    def sender() -> None:
+        deadline = time.monotonic() + 10
+        while xreads() == before and time.monotonic() < deadline:
+            time.sleep(0.01)  # polling the server's counter until the receive blocks
+        queue.send(b"wake up")
+        sender_done.set()
+
+    thread = threading.Thread(target=sender)
+    thread.start()
+    [lease] = queue.lease(1, duration=30, wait=10)
+    thread.join(10)
+    assert sender_done.is_set() and lease.message.body == b"wake up"
+    assert xreads() > before  # the receive blocked in XREAD, it did not only poll
+    lease.complete()
+
+
 def test_every_key_of_a_queue_shares_one_hash_slot(queue: Queue, server: LocalRedis) -> None:
     client = _client(server)
     queue.send(b"now", ttl=60)
