@@ -538,6 +538,76 @@ def print_split(results: dict[str, Result], messages: int, batch: int) -> None:
         here = result.cpu_per_message(messages)
         print(f"| {step} | {here - before:+.1f} | {here:.1f} | {(here - before) / total:.0%} |")
         before = here
+    print_core_split(batch)
+
+
+def print_core_split(batch: int, calls: int = 2000, rounds: int = 7) -> None:
+    """Core's own CPU per call, with a driver that answers at once (no SQL), by part.
+
+    ``lease()`` with a receive that returns ``batch`` ready rows, the part of it
+    that makes the leases from them (``leases_from_rows``), and ``complete_many``
+    with a delete that succeeds at once (a lease + complete pair less the lease
+    alone). Every lease is dropped before the next call, as in the loop, so
+    freeing them counts in ``lease()``'s rest. Caches stay warm here, unlike
+    between two SQLite transactions, so read the parts' shares, not their sum,
+    against the loop.
+    """
+    import json
+
+    from leasekit.clock import to_datetime
+    from leasekit.lease import leases_from_rows
+    from leasekit.spi import ReceivedRows
+
+    directory = Path(tempfile.mkdtemp(prefix="leasekit-bench-"))
+    try:
+        queue = leasekit.open("sqlite", path=str(directory / "core.db"), queue="core", create=True)
+        now = time.time()
+        sent, until = to_datetime(now), to_datetime(now + 60)
+        rows = [
+            (f"id{i}", b"x" * 100, None, sent, 1, f"{i + 1}.00ff", until, None)
+            for i in range(batch)
+        ]
+        driver = queue.driver
+        driver.receive = lambda *_: ReceivedRows(list(rows), json.loads)  # type: ignore[method-assign]
+        driver.delete = lambda receipts: [None] * len(receipts)  # type: ignore[method-assign]
+        lease_cpu, make_cpu, pair_cpu = [], [], []
+        for _ in range(rounds):
+            start = time.process_time()
+            for _ in range(calls):
+                queue.lease(batch, duration=60)
+            lease_cpu.append(time.process_time() - start)
+            start = time.process_time()
+            for _ in range(calls):
+                leases_from_rows(queue, ReceivedRows(list(rows), json.loads), 60.0, 0.0, 0.0)
+            make_cpu.append(time.process_time() - start)
+            start = time.process_time()
+            for _ in range(calls):
+                queue.complete_many(queue.lease(batch, duration=60))
+            pair_cpu.append(time.process_time() - start)
+        queue.close()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    per = {
+        name: min(values) / calls * 1e6
+        for name, values in (("lease", lease_cpu), ("make", make_cpu), ("pair", pair_cpu))
+    }
+    per["complete"] = per["pair"] - per["lease"]
+    total = per["pair"]
+    print(f"\nCore alone, a driver answering at once, batches of {batch} (best of {rounds}):\n")
+    print("| part | µs per call | µs per message | share of core |")
+    print("| --- | ---: | ---: | ---: |")
+    for part, value in (
+        ("`lease()`: making the leases (Message, LeaseRecord, Lease per row)", per["make"]),
+        (
+            "`lease()`: the rest (checks, events, deadline, call runner, poll loop, freeing)",
+            per["lease"] - per["make"],
+        ),
+        (
+            "`complete_many()` (checks, take, deadline, call runner, settle, events)",
+            per["complete"],
+        ),
+    ):
+        print(f"| {part} | {value:.1f} | {value / batch:.2f} | {value / total:.0%} |")
 
 
 if __name__ == "__main__":

@@ -119,6 +119,33 @@ PRESETS: dict[str, Preset] = {
             "plain CPU µs/msg": cell("plain sqlite3 (", 4, prefix=True),
         },
     ),
+    # Issue 37: against the careful plain loop (executemany fenced DELETE), with
+    # the per-round ratio; pass "-- ... --batch 100" for the other batch size.
+    "careful": Preset(
+        "bench_sqlite.py",
+        (
+            "--messages",
+            "10000",
+            "--batch",
+            "10",
+            "--repeat",
+            "7",
+            "--only",
+            "leasekit (batch complete)",
+            "--only",
+            "plain",
+            "--dir",
+            "/dev/shm",
+        ),
+        {
+            "leasekit lease+complete msg/s": cell("leasekit (batch complete)", 2),
+            "plain sqlite3 msg/s": cell("plain sqlite3 (", 2, prefix=True),
+            "leasekit ÷ plain, per round (msg/s)": pattern(r"per round \(msg/s\): median ([\d.]+)"),
+            "leasekit ÷ plain, per round (CPU)": pattern(r"by CPU per message: median ([\d.]+)"),
+            "leasekit CPU µs/msg": cell("leasekit (batch complete)", 4),
+            "plain CPU µs/msg": cell("plain sqlite3 (", 4, prefix=True),
+        },
+    ),
     "cost-100": Preset(
         "bench_sqlite.py",
         (
