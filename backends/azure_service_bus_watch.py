@@ -25,6 +25,7 @@ import logging
 import select
 import socket
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -39,6 +40,9 @@ _log = logging.getLogger("leasekit.backends.azure_service_bus")
 WATCH_INTERVAL = 0.05
 #: Longest sleep while no connection holds a lease.
 IDLE_WAIT = 1.0
+#: Seconds with no connection holding a lease after which the thread ends (the
+#: next held lease starts it again): a driver that is never closed keeps no thread.
+IDLE_EXIT = 5.0
 #: Poll events that mean the peer is gone: reset (ERR, HUP) or its FIN (RDHUP).
 _HANGUP = getattr(select, "POLLRDHUP", 0x2000) | select.POLLHUP | select.POLLERR
 
@@ -87,7 +91,7 @@ class ConnectionWatch:
                     target=self._run, name="leasekit-sb-connection-watch", daemon=True
                 )
                 self._thread.start()
-        self._wake.set()
+            self._wake.set()  # under the lock: a thread about to end sees it and stays
 
     def close(self) -> None:
         """Stop the thread (within about ``WATCH_INTERVAL``)."""
@@ -99,15 +103,31 @@ class ConnectionWatch:
             thread.join(IDLE_WAIT + 1)
 
     def _run(self) -> None:
+        idle_since: float | None = None
         while not self._stop.is_set():
             try:
-                self._look()
+                busy = self._look()
             except Exception:  # the watch must outlive a surprise; it is only a speed-up
                 _log.debug("connection watch failed", exc_info=True)
                 self._stop.wait(WATCH_INTERVAL)
+                continue
+            if busy:
+                idle_since = None
+                continue
+            now = time.monotonic()
+            if idle_since is None:
+                idle_since = now
+            elif now - idle_since >= IDLE_EXIT:
+                with self._lock:
+                    if not self._wake.is_set():
+                        self._thread = None  # the next wake() starts a new one
+                        return
 
-    def _look(self) -> None:
-        """One look: report connections gone; wait for a hang-up up to ``WATCH_INTERVAL``."""
+    def _look(self) -> bool:
+        """One look: report connections gone; wait for a hang-up up to ``WATCH_INTERVAL``.
+
+        Returns whether any connection held leases (else it waited up to ``IDLE_WAIT``).
+        """
         self._wake.clear()  # a wake from now on is kept for the idle wait below
         poller = select.poll()
         watched: dict[int, Any] = {}
@@ -115,11 +135,10 @@ class ConnectionWatch:
         for connection in self._holding():
             if connection in self._reported:
                 continue
-            if _closed(connection):
+            sock = socket_of(connection)
+            if sock is None or _closed(connection):
                 found.append(connection)
                 continue
-            sock = socket_of(connection)
-            assert sock is not None
             with contextlib.suppress(OSError, ValueError):
                 fd = sock.fileno()
                 poller.register(fd, _HANGUP)
@@ -134,3 +153,5 @@ class ConnectionWatch:
                 self._gone(connection)
         if not found and not watched:
             self._wake.wait(IDLE_WAIT)
+            return False
+        return True

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -639,3 +640,55 @@ def test_a_reset_loses_the_leases_of_that_connection_at_once(
         through.close()
         direct.delete_queue()
         direct.close()
+
+
+class _Transport:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock: socket.socket | None = sock
+
+
+class _Connection:
+    """What the watch reads of a pyamqp connection: its transport's socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._transport = _Transport(sock)
+
+
+def test_the_connection_watch_reports_a_reset_once_and_ends_when_idle(
+    monkeypatch: Any,
+) -> None:
+    from leasekit.backends import azure_service_bus_watch as watch_module
+
+    monkeypatch.setattr(watch_module, "IDLE_EXIT", 0.3)
+    ours, peer = socket.socketpair()
+    quiet, quiet_peer = socket.socketpair()
+    reset, kept = _Connection(ours), _Connection(quiet)
+    holding = [reset, kept]
+    gone: list[tuple[object, float]] = []
+    watch = watch_module.ConnectionWatch(
+        lambda: list(holding), lambda c: gone.append((c, time.monotonic()))
+    )
+    try:
+        watch.wake()
+        closed_at = time.monotonic()
+        peer.close()  # the peer goes away
+        deadline = time.monotonic() + 5
+        while not gone and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert [c for c, _ in gone] == [reset], "the gone connection was not reported (alone)"
+        assert gone[0][1] - closed_at < 0.2
+        time.sleep(0.2)  # more looks: reported once only
+        assert len(gone) == 1
+        holding.clear()  # nothing held: the thread ends after IDLE_EXIT
+        deadline = time.monotonic() + 5
+        while watch._thread is not None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert watch._thread is None, "an idle watch kept its thread"
+        holding.append(kept)  # a new hold starts it again
+        watch.wake()
+        assert watch._thread is not None and watch._thread.is_alive()
+    finally:
+        watch.close()
+        for sock in (ours, quiet, quiet_peer):
+            sock.close()
+    assert watch._thread is None or not watch._thread.is_alive()
