@@ -19,7 +19,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from leasekit import dead_letters as marks
+from leasekit import dead_letter_format as marks
 from leasekit.capabilities import Capabilities
 from leasekit.clock import to_datetime
 from leasekit.deadline import call_timeout
