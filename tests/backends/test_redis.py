@@ -285,6 +285,28 @@ def test_an_idle_receive_blocks_on_the_stream_and_a_send_wakes_it(
     lease.complete()
 
 
+def test_a_lapsed_lease_behind_the_reclaim_cursor_is_found_when_the_scan_wraps(
+    queue: Queue,
+) -> None:
+    """XAUTOCLAIM examines 10 pending entries per message asked for, from a kept cursor."""
+    queue.send_many([b"%d" % i for i in range(100)])
+    held = queue.lease(100, duration=60)
+    for _ in range(3):  # each empty receive scans the next 10 pending entries
+        assert queue.lease(1, duration=60, wait=0) == []
+    early = held[5]  # behind the cursor now
+    early.renew(0.01)
+    time.sleep(0.05)  # letting the 10 ms lease end: waiting for a clock, nothing to poll
+    calls = 0
+    back: list[Lease] = []
+    while not back and calls < 20:
+        back = queue.lease(1, duration=60, wait=0)
+        calls += 1
+    assert back, "the lapsed lease was never taken back"
+    assert back[0].message.id == early.message.id and back[0].message.delivery_count == 2
+    assert calls <= 11  # the rest of the list (10 scans of 10), then the wrap finds it
+    queue.complete_many([lz for lz in held if lz is not early] + back)
+
+
 def test_every_key_of_a_queue_shares_one_hash_slot(queue: Queue, server: LocalRedis) -> None:
     client = _client(server)
     queue.send(b"now", ttl=60)
