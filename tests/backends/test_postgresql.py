@@ -407,7 +407,13 @@ def test_a_statement_blocked_by_a_lock_is_bounded_by_the_call_deadline(
         ("3F000", ErrorCode.QUEUE_NOT_FOUND, False),
         ("42P01", ErrorCode.QUEUE_NOT_FOUND, False),
         ("54000", ErrorCode.TOO_LARGE, False),
-        ("22P02", ErrorCode.UNKNOWN, False),
+        # A value the server cannot take (class 22: data exception) is the caller's.
+        ("22P02", ErrorCode.INVALID_ARGUMENT, False),
+        ("22P05", ErrorCode.INVALID_ARGUMENT, False),  # a NUL in jsonb
+        ("3D000", ErrorCode.QUEUE_NOT_FOUND, False),  # no such database
+        ("28000", ErrorCode.UNAUTHENTICATED, False),  # role or pg_hba.conf
+        ("42704", ErrorCode.INVALID_ARGUMENT, False),  # a setting that does not exist
+        ("42703", ErrorCode.UNKNOWN, False),  # any other: BackendError, not retried
     ],
 )
 def test_errors_are_classified_by_sqlstate(sqlstate: str, code: ErrorCode, retryable: bool) -> None:
@@ -418,6 +424,39 @@ def test_errors_are_classified_by_sqlstate(sqlstate: str, code: ErrorCode, retry
     assert driver.error_code(exc) is code
     assert driver.is_retryable(exc) is retryable
     assert driver.backend_code(exc) == sqlstate
+
+
+@pytest.mark.parametrize(
+    ("message", "code"),
+    [
+        ('connection is bad: invalid sslmode value: "bogus"', ErrorCode.INVALID_ARGUMENT),
+        (
+            'connection to server at "h" failed: FATAL:  database "x" does not exist',
+            ErrorCode.QUEUE_NOT_FOUND,
+        ),
+        ('failed: FATAL:  role "x" does not exist', ErrorCode.UNAUTHENTICATED),
+        ('failed: FATAL:  password authentication failed for user "x"', ErrorCode.UNAUTHENTICATED),
+        ("failed: FATAL:  no pg_hba.conf entry for host", ErrorCode.UNAUTHENTICATED),
+        ('failed: FATAL:  unrecognized configuration parameter "x"', ErrorCode.INVALID_ARGUMENT),
+        ("failed: server does not support SSL, but SSL was required", ErrorCode.INVALID_ARGUMENT),
+        # Not final: a server starting, full, or unreachable; another database state.
+        ("failed: FATAL:  the database system is starting up", ErrorCode.UNAVAILABLE),
+        ("failed: FATAL:  sorry, too many clients already", ErrorCode.UNAVAILABLE),
+        (
+            'failed: FATAL:  database "x" is not currently accepting connections',
+            ErrorCode.UNAVAILABLE,
+        ),
+        ("failed: Connection refused", ErrorCode.UNAVAILABLE),
+    ],
+)
+def test_a_refused_connection_is_classified_by_its_words(message: str, code: ErrorCode) -> None:
+    """libpq gives a failed connection no SQLSTATE: what no retry mends is read from its words."""
+    import psycopg
+
+    driver = PostgresqlDriver(queue="q", host="127.0.0.1")
+    exc = psycopg.OperationalError(f"connection failed: {message}")
+    assert driver.error_code(exc) is code
+    assert driver.is_retryable(exc) is (code is ErrorCode.UNAVAILABLE)
 
 
 def test_a_lost_connection_and_an_empty_pool_are_transient() -> None:
