@@ -594,7 +594,7 @@ class PubSubDriver(Driver):
         )
         twin._credentials = self._credentials
         twin._credentials_file = self._credentials_file
-        twin._clients = self._clients
+        twin._clients = self._api()  # one channel for both (made here if not yet: no I/O)
         twin._owns_clients = False
         return twin
 
