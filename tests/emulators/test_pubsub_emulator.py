@@ -623,3 +623,64 @@ def test_a_cancelled_stream_leaves_its_messages_leased_until_their_deadline(
     assert clients.pull(sub, timeout=0.3) == [], "a cancelled stream's message came back early"
     clock.advance(31)
     assert [m.message.data for m in clients.pull(sub)] == [b"held"]
+
+
+# ---------------------------------------------- more of the samples' calls
+
+
+def test_push_subscriptions_are_stored_and_updated_not_pushed(clients: Clients) -> None:
+    sub = clients.subscription(push_config={"push_endpoint": "https://example.com/push"})
+    got = clients.subscriber.get_subscription(subscription=sub)
+    assert got.push_config.push_endpoint == "https://example.com/push"
+    updated = clients.subscriber.update_subscription(
+        request={
+            "subscription": {"name": sub, "push_config": {"push_endpoint": "https://e.org/p"}},
+            "update_mask": {"paths": ["push_config"]},
+        }
+    )
+    assert updated.push_config.push_endpoint == "https://e.org/p"
+
+
+def test_listen_for_errors_sees_a_missing_subscription_through_the_future(
+    clients: Clients,
+) -> None:
+    missing = clients.subscriber.subscription_path(PROJECT, _id("missing"))
+    future = clients.subscriber.subscribe(missing, callback=lambda message: None)
+    with pytest.raises(exceptions.NotFound):
+        future.result(timeout=WAIT)
+
+
+def test_publish_with_batch_settings_flow_control_and_error_handler(clients: Clients) -> None:
+    publisher = pubsub_v1.PublisherClient(
+        batch_settings=pubsub_v1.types.BatchSettings(max_messages=10, max_latency=0.05),
+        publisher_options=pubsub_v1.types.PublisherOptions(
+            flow_control=pubsub_v1.types.PublishFlowControl(
+                message_limit=20,
+                limit_exceeded_behavior=pubsub_v1.types.LimitExceededBehavior.BLOCK,
+            )
+        ),
+    )
+    sub = clients.subscription()
+    futures_ = [publisher.publish(clients.topic, b"%d" % n) for n in range(100)]
+    ids = [f.result(timeout=WAIT) for f in futures_]
+    assert len(set(ids)) == 100
+    received: list[Any] = []
+    while len(received) < 100:
+        batch = clients.pull(sub, n=100)
+        assert batch, "published messages did not arrive"
+        clients.subscriber.acknowledge(
+            request={"subscription": sub, "ack_ids": [m.ack_id for m in batch]}
+        )
+        received += batch
+    assert {m.message.message_id for m in received} == set(ids)
+
+
+def test_resume_publish_after_an_ordering_key_failure(clients: Clients) -> None:
+    publisher = pubsub_v1.PublisherClient(
+        publisher_options=pubsub_v1.types.PublisherOptions(enable_message_ordering=True)
+    )
+    missing = clients.publisher.topic_path(PROJECT, _id("missing"))
+    with pytest.raises(exceptions.NotFound):
+        publisher.publish(missing, b"x", ordering_key="k").result(timeout=WAIT)
+    publisher.resume_publish(missing, "k")  # as the sample does after a failure
+    publisher.publish(clients.topic, b"z", ordering_key="k").result(timeout=WAIT)
