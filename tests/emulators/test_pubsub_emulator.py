@@ -684,3 +684,43 @@ def test_resume_publish_after_an_ordering_key_failure(clients: Clients) -> None:
         publisher.publish(missing, b"x", ordering_key="k").result(timeout=WAIT)
     publisher.resume_publish(missing, "k")  # as the sample does after a failure
     publisher.publish(clients.topic, b"z", ordering_key="k").result(timeout=WAIT)
+
+
+@pytest.mark.parametrize(
+    "text, attributes, matches",
+    [
+        ('attributes.a = "x"', {"a": "x"}, True),
+        ('attributes.a != "x"', {}, True),
+        ("attributes:a", {"a": ""}, True),
+        ("NOT attributes:a", {"a": ""}, False),
+        ('-attributes.a = "x"', {"a": "x"}, False),
+        ('hasPrefix(attributes.a, "ab")', {"a": "abc"}, True),
+        ('hasPrefix(attributes.a, "ab")', {}, False),
+        ('attributes.a = "x" OR attributes.b = "y"', {"b": "y"}, True),
+        ('attributes.a = "x" AND (attributes.b = "y" OR attributes:c)', {"a": "x", "c": "1"}, True),
+        ('attributes.a = "x" AND (attributes.b = "y" OR attributes:c)', {"a": "x"}, False),
+        ("attributes.a = 'q\\'s'", {"a": "q's"}, True),
+    ],
+)
+def test_filters_match_as_documented(text: str, attributes: dict[str, str], matches: bool) -> None:
+    from leasekit.emulators.pubsub.filters import compile_filter
+
+    predicate = compile_filter(text)
+    assert predicate is not None and predicate(attributes) is matches
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'attributes.a = "x" AND attributes.b = "y" OR attributes.c = "z"',
+        'data = "x"',
+        "attributes.a =",
+        'attributes.a = "' + "x" * 260 + '"',
+        "hasPrefix(attributes.a)",
+    ],
+)
+def test_filters_the_documents_do_not_allow_are_refused(text: str) -> None:
+    from leasekit.emulators.pubsub.filters import FilterError, compile_filter
+
+    with pytest.raises(FilterError):
+        compile_filter(text)
