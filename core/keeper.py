@@ -416,6 +416,14 @@ class LeaseKeeper:
                 self._held[held.lease] = held
                 self._push(held)
             self.stats.held = len(self._held)
+        for held in entries:
+            # A driver that learns of losses itself (Service Bus: a reset connection
+            # drops its locks) has core mark them at once; count and report those
+            # here at once too, not as a silent drop at the lease's next due time.
+            if held.lease.queue.driver.reports_lost_leases:
+                found = held.lease._record.on_lost(partial(self._lost_elsewhere, held))
+                if found is not None:
+                    self._lost_elsewhere(held, held.lease, found)
 
     def discard(self, lease: Lease) -> None:
         """Stop keeping ``lease`` alive (it stays leased until it expires or is settled)."""
@@ -705,6 +713,11 @@ class LeaseKeeper:
         left = held.lease.deadline - now
         held.due = min(now + min(backoff, RETRY_WITHIN * left), held.lease.deadline)
         self._push(held)
+
+    def _lost_elsewhere(self, held: _Held, lease: Lease, error: errors.LeaseLost) -> None:
+        """A kept lease core marked lost outside the keeper (a driver's report): report it."""
+        if held.active:
+            self._report_lost(held, error)
 
     def _report_lost(self, held: _Held, error: errors.LeaseLost) -> None:
         """Count a lost lease and tell ``on_lost``, once per lease (no lock held).

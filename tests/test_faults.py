@@ -528,10 +528,12 @@ def test_no_lease_is_lost_to_a_short_cut_that_ends_well_before_expiry(
             # since Service Bus does not support recovery of existing AMQP links on a
             # different connection", Microsoft Learn, Message transfers, locks, and
             # settlement): every lease received before the cut is lost at the reset
-            # (the driver's connection watch reports them, core marks them; the keeper
-            # then forgets them), none is settled, and each comes back when its lock ends.
+            # (the driver's connection watch reports them, core marks them, the keeper
+            # counts and reports them), none is settled, and each comes back when its
+            # lock ends.
             assert len(lost) == 10, f"{len(lost)} of 10 lost"
             assert all(lz.state is LeaseState.LOST for lz in lost)
+            assert keeper.stats.lost == 10
             assert all(isinstance(r, LeaseLost) for r in proxied.complete_many(leases))
             back = _lease_all(direct, 10, duration=None)
             assert {b.message.id for b in back} == {lz.message.id for lz in leases}
@@ -579,11 +581,13 @@ def test_no_lease_is_lost_to_a_cut_over_the_keepers_renewal_point(
         if fault_target.name == "azure-service-bus":
             # Service Bus drops the locks of a reset connection (see the 0.5 s cut
             # above): every lease is lost at the reset (the driver's connection watch
-            # reports them, core marks them, before their deadline; the keeper then
-            # forgets them without its on_lost), none is settled by the first holder,
-            # and each message comes back once, to the rival.
+            # reports them, core marks them, before their deadline, and the keeper's
+            # on_lost hears of each then), none is settled by the first holder, and
+            # each message comes back once, to the rival.
             assert len(lost) == 20, f"{len(lost)} of 20 lost"
             assert all(lz.state is LeaseState.LOST for lz in lost)
+            assert keeper.stats.lost == 20 and set(reported) == {lz.message.id for lz in leases}
+            assert max(reported.values()) < expiry, "a reset's loss was reported only at expiry"
             assert all(isinstance(r, LeaseLost) for r in proxied.complete_many(leases))
             back = _lease_all(direct, 20, duration=None)
             assert {b.message.id for b in back} == {lz.message.id for lz in leases}

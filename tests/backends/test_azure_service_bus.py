@@ -621,7 +621,10 @@ def test_a_reset_loses_the_leases_of_that_connection_at_once(
         lost_at: dict[bytes, float] = {}
         for lease in leases:
             lease.on_lost(lambda lz, error: lost_at.setdefault(lz.message.body, time.monotonic()))
-        with LeaseKeeper() as keeper:
+        keeper_heard: dict[bytes, float] = {}
+        with LeaseKeeper(
+            on_lost=lambda lz, error: keeper_heard.setdefault(lz.message.body, time.monotonic())
+        ) as keeper:
             keeper.add_many(leases)
             renewed = keeper.stats.renewed
             reset = time.monotonic()
@@ -629,6 +632,12 @@ def test_a_reset_loses_the_leases_of_that_connection_at_once(
             for lease in leases:
                 assert lease.lost.wait(lock), "a lease of the reset connection was not lost"
             assert keeper.stats.renewed == renewed
+            # The keeper counts and reports them at once too, not at their next due time.
+            deadline = time.monotonic() + 1
+            while len(keeper_heard) < 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert keeper.stats.lost == 3 and set(keeper_heard) == {b"a", b"b", b"c"}
+            assert max(keeper_heard.values()) - reset < 0.5
         latest = max(lost_at.values()) - reset
         record_property("lost_after_reset_s", round(latest, 3))
         assert latest < 0.5, f"lost {latest:.2f} s after the reset"
