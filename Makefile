@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 # Extras the whole suite needs (every backend SDK plus the dev tools).
 TEST_EXTRAS := azure-storage-queue,azure-service-bus,aliyun-mns,sqs,gcp-pubsub,postgresql,spark,otel,taskiq,dashboard,dev
 
-.PHONY: demo test lint typecheck pytest compatibility clean
+.PHONY: demo test lint typecheck layers pytest compatibility clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,10 +43,14 @@ lint: $(VENV)/.installed-test
 typecheck: $(VENV)/.installed-test
 	PYTHON=$(BIN)/python tools/typecheck.sh
 
+# The layer rules (core, backends, plugins, emulators, dashboard) by import-linter.
+layers: $(VENV)/.installed-test
+	$(BIN)/python tools/check_layers.py
+
 pytest: $(VENV)/.installed-test node_modules/.installed .system-packages
 	$(BIN)/python -m pytest -n 4 --durations=15
 
-test: lint typecheck pytest
+test: lint typecheck layers pytest
 
 # Regenerate docs/compatibility.md: every backend's conformance class, one matrix.
 compatibility: $(VENV)/.installed-test node_modules/.installed .system-packages

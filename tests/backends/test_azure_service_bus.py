@@ -531,7 +531,7 @@ class _ShutDownReceiver:
 
 
 def test_settle_on_a_shut_down_receiver_is_lease_lost_and_a_deleted_queue_not_found() -> None:
-    from leasekit.backends.azure_service_bus import _Held
+    from leasekit.backends.azure_service_bus.links import _Held
 
     driver = _offline()
     driver._held["t"] = _Held(object(), _ShutDownReceiver(), time.time() + 60)
@@ -666,7 +666,7 @@ class _Connection:
 def test_the_connection_watch_reports_a_reset_once_and_ends_when_idle(
     monkeypatch: Any,
 ) -> None:
-    from leasekit.backends import azure_service_bus_watch as watch_module
+    from leasekit.backends.azure_service_bus import watch as watch_module
 
     monkeypatch.setattr(watch_module, "IDLE_EXIT", 0.3)
     ours, peer = socket.socketpair()

@@ -5,7 +5,7 @@ look at what the driver promises per link: a message is settled and renewed on
 the receiver that received it, receives spread round robin over the links, a
 settle on one link does not wait for another link's turn, and ``close()`` closes
 every connection (counted as this process's sockets to the emulator's port) and
-ends every SDK thread. The turn-taking itself (:mod:`azure_service_bus_links`)
+ends every SDK thread. The turn-taking itself (:mod:`leasekit.backends.azure_service_bus.links`)
 is tested without the SDK at the end.
 """
 
@@ -31,7 +31,7 @@ pytest.importorskip("azure.servicebus")
 pytest.importorskip("proton", reason="the Service Bus emulator needs python-qpid-proton")
 
 from leasekit.backends.azure_service_bus import MAX_RECEIVERS, ServiceBusDriver
-from leasekit.backends.azure_service_bus_links import Gate, ReceiveLinks
+from leasekit.backends.azure_service_bus.links import Gate, ReceiveLinks
 
 #: The LockDuration of the test queues (as in test_azure_service_bus.py).
 LOCK = 2.0

@@ -344,7 +344,7 @@ def test_a_reset_loses_the_holders_session_before_a_rival_receives_it(
     So a rival may take the whole group at once; what leasekit guarantees is that
     the holder's lease is lost by then.
     """
-    import leasekit.backends.azure_service_bus_sessions as sessions_module
+    import leasekit.backends.azure_service_bus.sessions as sessions_module
     from leasekit.emulators.servicebus import connection_string
 
     # Observe (not change) the session receivers the driver opens: the rival's accept

@@ -27,7 +27,12 @@ from typing import Any
 
 from leasekit.deadline import DeadlineExceeded
 
-__all__ = ["Gate", "ReceiveLink", "ReceiveLinks"]
+__all__ = [
+    "Gate",
+    "ReceiveLink",
+    "ReceiveLinks",
+    "_Held",
+]
 
 
 class Gate:
@@ -176,3 +181,23 @@ class ReceiveLinks:
             for link in self.links:
                 stack.enter_context(link.gate.priority(None))
             yield self.links
+
+
+@dataclass
+class _Held:
+    """A message this driver holds the lock of, and the receiver that must settle it.
+
+    ``handler`` is the receiver's AMQP client (its connection and link) the message
+    came on: once the SDK replaced it (a reconnect), that connection is gone and
+    Service Bus cannot settle the message any more (``ServiceBusDriver._check_connection``).
+    """
+
+    message: Any
+    receiver: Any
+    locked_until: float
+    handler: Any = None
+    #: The handler's AMQP connection when the message came (pyamqp replaces it
+    #: inside the same handler when a management request meets a reset socket).
+    connection: Any = None
+    #: The receive link the message came on: its settles and renewals take turns there.
+    link: ReceiveLink = field(default_factory=lambda: ReceiveLink(-1))

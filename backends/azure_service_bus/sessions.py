@@ -44,15 +44,32 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from leasekit.clock import to_datetime
 from leasekit.spi import DriverError, ErrorCode, RawMessage, Visibility
 
-from .azure_service_bus import SOCKET_TIMEOUT, _open_handler, _timeouts
+from .connection import _open_handler, _timeouts
+from .settings import SOCKET_TIMEOUT
 
-if TYPE_CHECKING:
-    from .azure_service_bus import ServiceBusDriver
+
+class SessionsOwner(Protocol):
+    """What :class:`SessionReceivers` uses of the driver that owns it.
+
+    Its client, deadline, message reading and error classification: a protocol,
+    so that this part and the driver form no import circle.
+    """
+
+    queue: str
+    session: str | None
+    _setup_lock: threading.Lock
+    _watch: Any
+
+    def _get_client(self) -> Any: ...
+    def _left(self) -> float: ...
+    def _raw(self, message: Any, token: str, locked_until: float) -> RawMessage: ...
+    def error_code(self, exc: BaseException) -> ErrorCode: ...
+
 
 __all__ = ["SessionReceivers"]
 
@@ -94,7 +111,7 @@ class SessionReceivers:
         driver: the owning driver (its client, deadline and error classification).
     """
 
-    def __init__(self, driver: ServiceBusDriver) -> None:
+    def __init__(self, driver: SessionsOwner) -> None:
         self._driver = driver
         self._lock = threading.Lock()
         self._by_token: dict[str, _Session] = {}
@@ -178,7 +195,7 @@ class SessionReceivers:
 
     def _drop_expired(self, now: float) -> None:
         """Close the receivers of sessions whose lock ended (their leases are lost by now)."""
-        from .azure_service_bus import FORGET_AFTER
+        from .settings import FORGET_AFTER
 
         with self._lock:
             ended = [s for s in self._sessions if s.locked_until + FORGET_AFTER < now]
