@@ -65,10 +65,9 @@ local function fence(s, g, life, text, now)
   -- One XPENDING per owner over the range of the batch's ids (a receive's batch
   -- is a run of ids), then one per entry only where that range held more.
   local rid, rcount, rowner, spans, n = {}, {}, {}, {}, 0
-  for id, count, owner in string.gmatch(text, '([^/\\n]+)/([^/\\n]+)/([^\\n]+)') do
+  for id, ms, seq, count, owner in string.gmatch(text, '((%d+)-(%d+))/(%d+)/([^\\n]+)') do
     n = n + 1
     rid[n], rcount[n], rowner[n] = id, tonumber(count), owner
-    local ms, seq = string.match(id, '^(%d+)-(%d+)$')
     ms, seq = tonumber(ms), tonumber(seq)
     local span = spans[owner]
     if not span then
@@ -77,8 +76,7 @@ local function fence(s, g, life, text, now)
       span[1] = span[1] + 1
       if ms < span[2] or (ms == span[2] and seq < span[3]) then
         span[2], span[3], span[4] = ms, seq, id
-      end
-      if ms > span[5] or (ms == span[5] and seq > span[6]) then
+      elseif ms > span[5] or (ms == span[5] and seq > span[6]) then
         span[5], span[6], span[7] = ms, seq, id
       end
     end
@@ -264,40 +262,47 @@ if #taken == 0 then
   if next_due then due_in = math.max(0, tonumber(next_due) - now) end
   return '!' .. (last and last[1] or '0-0') .. ' ' .. due_in
 end
-local ids, args = {}, {'XCLAIM', s, g, me, 0}
+local ids, args, n = {}, {'XCLAIM', s, g, me, 0}, 5
 for i, e in ipairs(taken) do
   ids[i] = e[1]
-  args[#args + 1] = e[1]
+  args[n + i] = e[1]
 end
-args[#args + 1] = 'IDLE'
-args[#args + 1] = idle
-args[#args + 1] = 'JUSTID'
+n = n + #taken
+args[n + 1], args[n + 2], args[n + 3] = 'IDLE', idle, 'JUSTID'
 redis.call(unpack(args))
 local points = {}
 if redis.call('EXISTS', cp) == 1 then points = redis.call('HMGET', cp, unpack(ids)) end
-local out = {}
+local out, k = {}, 0
 for i, e in ipairs(taken) do
-  local body, props, mid, sent, point, reason, dcount = '', nil, '-', '-', points[i], nil, '-'
-  local f = e[2]
-  for j = 1, #f, 2 do
-    local k = f[j]
-    if k == 'b' then body = f[j + 1]
-    elseif k == 'p' then props = f[j + 1]
-    elseif k == 'i' then mid = f[j + 1]
-    elseif k == 't' then sent = f[j + 1]
-    elseif k == 'r' then reason = f[j + 1]
-    elseif k == 'c' then dcount = f[j + 1]
+  local f, point = e[2], points[i]
+  if #f == 2 and f[1] == 'b' and not point then
+    -- The common case: a body and nothing else.
+    local body = f[2]
+    out[k + 1] = e[1] .. ' ' .. counts[i] .. ' - - - ' .. #body .. ' -1 -1 -1\\n'
+    out[k + 2] = body
+    k = k + 2
+  else
+    local body, props, mid, sent, reason, dcount = '', nil, '-', '-', nil, '-'
+    for j = 1, #f, 2 do
+      local key = f[j]
+      if key == 'b' then body = f[j + 1]
+      elseif key == 'p' then props = f[j + 1]
+      elseif key == 'i' then mid = f[j + 1]
+      elseif key == 't' then sent = f[j + 1]
+      elseif key == 'r' then reason = f[j + 1]
+      elseif key == 'c' then dcount = f[j + 1]
+      end
     end
+    k = k + 1
+    out[k] = e[1] .. ' ' .. counts[i] .. ' ' .. mid .. ' ' .. sent .. ' ' .. dcount .. ' '
+      .. #body .. ' ' .. (props and #props or -1) .. ' ' .. (point and #point or -1) .. ' '
+      .. (reason and #reason or -1) .. '\\n'
+    k = k + 1
+    out[k] = body
+    if props then k = k + 1; out[k] = props end
+    if point then k = k + 1; out[k] = point end
+    if reason then k = k + 1; out[k] = reason end
   end
-  out[#out + 1] = table.concat({
-    e[1], counts[i], mid, sent, dcount, #body, props and #props or -1,
-    point and #point or -1, reason and #reason or -1,
-  }, ' ')
-  out[#out + 1] = '\\n'
-  out[#out + 1] = body
-  if props then out[#out + 1] = props end
-  if point then out[#out + 1] = point end
-  if reason then out[#out + 1] = reason end
 end
 return table.concat(out)
 """
