@@ -130,7 +130,7 @@ def pages(args: argparse.Namespace) -> None:
         else:
             import psycopg
 
-            from leasekit.backends.postgresql import _DEAD_LETTERS
+            from leasekit.backends.postgresql.statements import _DEAD_LETTERS
 
             statement = queues[0].driver._q("dead_letters", _DEAD_LETTERS)  # type: ignore[attr-defined]
             with psycopg.connect(url) as conn:

@@ -430,7 +430,7 @@ def _raw_worker(url: str, name: str, batch: int, go: Any, out: Any) -> None:
 
 def _leasekit_statements(batch: int) -> tuple[str, str]:
     """The driver's receive (for ``batch``) and delete statements, default schema (a peek)."""
-    from leasekit.backends import postgresql as backend
+    from leasekit.backends.postgresql import statements as backend
 
     receive = backend._RECEIVE.replace("%(limit)s", str(batch))  # as the driver writes it
     return (

@@ -209,7 +209,7 @@ def test_a_queue_made_by_this_version_opens_in_the_next(
         q.send(b"made by this version", properties={"k": "v"})
     # The next version adds a migration; opening (without create) brings the schema up.
     following = (SCHEMA_VERSION + 1, ("ALTER TABLE {s}.messages ADD COLUMN priority integer",))
-    monkeypatch.setattr(postgresql, "MIGRATIONS", [*postgresql.MIGRATIONS, following])
+    monkeypatch.setattr(postgresql.schema, "MIGRATIONS", [*postgresql.MIGRATIONS, following])
     with _open(postgres_server, "jobs", schema=schema) as q:
         [lease] = q.lease(1, duration=5)
         assert lease.message.body == b"made by this version"
@@ -223,7 +223,7 @@ def test_a_queue_made_by_this_version_opens_in_the_next(
     )
     assert int(columns) == 1
     # And this version refuses a schema newer than it knows, saying so.
-    monkeypatch.setattr(postgresql, "MIGRATIONS", postgresql.MIGRATIONS[:-1])
+    monkeypatch.setattr(postgresql.schema, "MIGRATIONS", postgresql.MIGRATIONS[:-1])
     with (
         _open(postgres_server, "jobs", schema=schema) as q,
         pytest.raises(UnsupportedOperation, match="upgrade leasekit"),
@@ -558,7 +558,7 @@ def test_a_checkpoint_store_is_read_for_messages_received_as_rows(
 
 def test_the_watchdog_keeps_only_the_calls_in_flight(queue: Queue) -> None:
     """Finished calls leave its heap when they end, not when their deadline passes."""
-    watchdog = postgresql._WATCHDOG
+    watchdog = postgresql.watchdog._WATCHDOG
     for _ in range(200):
         queue.stats()
     with watchdog._cond:
@@ -567,7 +567,7 @@ def test_the_watchdog_keeps_only_the_calls_in_flight(queue: Queue) -> None:
         assert len(watchdog._heap) < 100, f"{len(watchdog._heap)} finished calls in the heap"
 
 
-def _sleeping(watchdog: postgresql._Watchdog) -> float:
+def _sleeping(watchdog: postgresql.watchdog._Watchdog) -> float:
     """When the watchdog thread next wakes on its own, once it is waiting (5 s at most)."""
     until = time.monotonic() + 5
     while time.monotonic() < until:
@@ -590,7 +590,7 @@ class _CountingCondition(threading.Condition):
 
 def test_a_call_due_later_than_the_watchdogs_wake_does_not_wake_it() -> None:
     """Waking the thread for every call cost two context switches a call (#21)."""
-    watchdog = postgresql._Watchdog()
+    watchdog = postgresql.watchdog._Watchdog()
     cond = watchdog._cond = _CountingCondition(watchdog._lock)
     watchdog.hold()
     a, b = socket.socketpair()
@@ -612,7 +612,7 @@ def test_a_call_due_later_than_the_watchdogs_wake_does_not_wake_it() -> None:
 
 
 def test_a_call_due_sooner_than_the_watchdogs_wake_is_cut_in_time() -> None:
-    watchdog = postgresql._Watchdog()
+    watchdog = postgresql.watchdog._Watchdog()
     watchdog.hold()
     a, b = socket.socketpair()
     try:
@@ -626,7 +626,7 @@ def test_a_call_due_sooner_than_the_watchdogs_wake_is_cut_in_time() -> None:
         assert a.recv(1) == b"", "the hung call's socket was not shut down"
         elapsed = time.monotonic() - started
         assert hung[1] == [True]
-        assert elapsed < 0.05 + postgresql.CUT_GRACE + 2.0, f"cut after {elapsed:.2f} s"
+        assert elapsed < 0.05 + postgresql.settings.CUT_GRACE + 2.0, f"cut after {elapsed:.2f} s"
         assert slow[1] == [False], "the slow call, not yet due, was cut"
         watchdog.unwatch(slow[0])
     finally:
@@ -832,7 +832,7 @@ def test_a_connection_out_of_the_pool_for_keep_for_goes_back_to_it(
     """So the pool's own rules (its lifetime, shrinking when idle) still apply to it."""
     queue.send(b"x")
     queue.driver._shared.idle.clear()  # type: ignore[attr-defined]
-    monkeypatch.setattr(postgresql, "KEEP_FOR", 0.0)
+    monkeypatch.setattr(postgresql.pool, "KEEP_FOR", 0.0)
     before = _requests(queue)
     for _ in range(3):
         queue.send(b"y")
@@ -867,7 +867,7 @@ def test_closing_the_last_queue_ends_the_watchdog_thread(postgres_server: LocalP
     def watchdogs() -> list[threading.Thread]:
         return [t for t in threading.enumerate() if t.name == "leasekit-postgresql-watchdog"]
 
-    others = postgresql._WATCHDOG._users  # pools other tests left open in this process
+    others = postgresql.watchdog._WATCHDOG._users  # pools other tests left open in this process
     queues = [
         leasekit.open(postgres_server.url(), queue=f"wd-{uuid.uuid4().hex[:8]}", create=True)
         for _ in range(3)
