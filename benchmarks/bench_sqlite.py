@@ -216,7 +216,7 @@ def run_leasekit_statements(
     around them but the loop: the driver's and core's work is what the
     ``driver`` and ``leasekit`` rows add to this one.
     """
-    from leasekit.backends import sqlite as backend
+    from leasekit.backends.sqlite import statements as backend
 
     path = directory / "statements.db"
     send = _fill(path, bodies)

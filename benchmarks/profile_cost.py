@@ -6,7 +6,7 @@ Runs ``queue.lease(batch)`` + ``queue.complete_many(leases)`` over
 ``--messages`` messages of a fresh ``sqlite://`` queue in ``--dir`` (default
 ``/dev/shm``) under :mod:`cProfile`, and prints each function's own time per
 message, grouped: the SQLite engine (``sqlite3`` calls), the driver
-(``backends/sqlite.py``), core (``core/``), and the rest (Python's library).
+(``backends/sqlite/``), core (``core/``), and the rest (Python's library).
 cProfile adds its own cost to every Python call (about 2-3× on small
 functions), so the shares matter, not the absolute numbers; the plain CPU time
 per message without the profiler is printed first.
@@ -37,7 +37,7 @@ def _drain(queue: leasekit.Queue, batch: int) -> None:
 
 
 def _group(path: str) -> str:
-    if path.endswith("backends/sqlite.py"):
+    if "backends/sqlite/" in path:
         return "driver"
     if "/core/" in path or ("/leasekit/" in path and "/backends/" not in path):
         return "core"

@@ -1,51 +1,7 @@
-"""The embedded SQLite backend: leasekit's durable default, one file, no server.
-
-URLs:
-    ``sqlite:///orders.db?queue=orders`` (three slashes: a path relative to the
-    working directory; four: absolute, ``sqlite:////var/lib/app/q.db?queue=jobs``).
-    Keyword form: ``leasekit.open("sqlite", path="orders.db", queue="orders")``.
-    Options: ``clock`` (keyword only), ``busy_timeout`` (s), ``synchronous``
-    (``NORMAL`` or ``FULL``), ``max_message_size`` (bytes).
-
-Delivery semantics:
-    At least once. Several threads and several processes may lease from the same
-    file at once: a receive is one write transaction, so a message is never
-    handed to two holders. Each delivery gets a fresh receipt (``seq.token``),
-    so a stale receipt is refused (``LeaseLost``); a receipt whose lease expired
-    but whose message nobody re-leased still works. Renew keeps the receipt.
-    Checkpoints are native: a column of the message's row (up to
-    ``max_message_size`` bytes), written in the same statement as the renewal
-    and only while the receipt is current; deleted with the message.
-    Delivery order: by visibility time, then send order. Ordered groups
-    (``send(..., group=...)``): a grouped row is eligible only while it is its
-    group's oldest live row (the head) and visible, so a leased or abandoned head
-    holds its group, comes back first, and one message per group goes per
-    receive; the rule holds across processes, as a receive is one transaction.
-    A receive scans the visible rows in delivery order, so a deep group whose
-    head is leased costs a scan of its rows per poll. Dead letters go to a
-    table in the same file. The file uses WAL; with ``synchronous=NORMAL`` (the
-    default) a power loss can lose the last transactions but never corrupts the
-    file, and a process crash loses nothing; ``FULL`` syncs every commit.
-
-Limits:
-    Leases 0.01 s – 30 days at millisecond resolution; 500 messages per receive,
-    delete, renew and send call; bodies up to ``max_message_size`` (1 MiB by
-    default). No native long poll: core polls with backoff (5–100 ms).
-    ``Queue.stats()`` counts are exact (one read): visible, leased, delayed (sent
-    with a delay, or abandoned with one), dead-lettered, and their total.
-
-Raw types:
-    ``lease.raw`` is ``None``. SDK errors are :class:`sqlite3.Error`.
-
-Errors:
-    Missing queue → ``QueueNotFound``; stale or malformed receipt, completed or
-    TTL-expired message → ``LeaseLost``; ``database is locked`` beyond the busy
-    timeout → ``BackendUnavailable`` (retried by core).
-"""
+"""The SQLite driver: the SPI translated to SQL on one file."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import secrets
@@ -53,15 +9,12 @@ import sqlite3
 import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
-from leasekit import dead_letter_format as marks
 from leasekit.capabilities import Capabilities
 from leasekit.clock import Clock, SystemClock, to_datetime
 from leasekit.errors import InvalidURL
-from leasekit.hookspecs import hookimpl
 from leasekit.options import as_choice, as_float, as_int, as_object, as_text
-from leasekit.registry import BackendSpec
 from leasekit.spi import (
     CheckpointEntry,
     DeadLetter,
@@ -77,9 +30,17 @@ from leasekit.spi import (
     received,
 )
 
+from .schema import (
+    _GROUP_INDEX,
+    _MESSAGE_COLUMNS,
+    SCHEMA,
+    _add_columns,
+    _add_dead_letter_lease_columns,
+)
+from .statements import _CHECKPOINT, _DELETE, _HELD, _PICK, _fenced, _receive_statement
+
 T = TypeVar("T")
 
-__all__ = ["SqliteDeadLetters", "SqliteDriver"]
 
 DAY = 24 * 3600.0
 #: Per-call batch limit: one receive or delete of this many is one transaction;
@@ -91,112 +52,6 @@ PURGE_EVERY = 1.0
 MAX_BUSY_TIMEOUT = (2**31 - 1) / 1000
 #: Largest body: SQLite's default limit on a BLOB (SQLITE_MAX_LENGTH).
 MAX_LENGTH = 1_000_000_000
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS leasekit_queues (
-    name TEXT PRIMARY KEY,
-    created_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS leasekit_messages (
-    seq INTEGER PRIMARY KEY,
-    queue TEXT NOT NULL,
-    id TEXT NOT NULL,
-    body BLOB NOT NULL,
-    properties TEXT,
-    enqueued_at REAL NOT NULL,
-    visible_at REAL NOT NULL,
-    expires_at REAL,
-    delivery_count INTEGER NOT NULL DEFAULT 0,
-    receipt TEXT,
-    checkpoint BLOB
-);
-CREATE INDEX IF NOT EXISTS leasekit_messages_ready
-    ON leasekit_messages (queue, visible_at, seq);
-CREATE INDEX IF NOT EXISTS leasekit_messages_ttl
-    ON leasekit_messages (queue, expires_at) WHERE expires_at IS NOT NULL;
-CREATE TABLE IF NOT EXISTS leasekit_dead_letters (
-    seq INTEGER PRIMARY KEY,
-    queue TEXT NOT NULL,
-    id TEXT NOT NULL,
-    body BLOB NOT NULL,
-    properties TEXT,
-    enqueued_at REAL NOT NULL,
-    delivery_count INTEGER NOT NULL,
-    reason TEXT,
-    dead_lettered_at REAL NOT NULL,
-    visible_at REAL NOT NULL DEFAULT 0,
-    receipt TEXT
-);
-CREATE INDEX IF NOT EXISTS leasekit_dead_letters_queue ON leasekit_dead_letters (queue, seq);
-CREATE INDEX IF NOT EXISTS leasekit_dead_letters_id ON leasekit_dead_letters (queue, id);
-"""
-
-#: The messages a receive takes, in delivery order (then updated by seq, in
-#: the same transaction; RETURNING has no order, so the order comes from here).
-_PICK = """
-SELECT seq FROM leasekit_messages AS m
-WHERE queue = :queue AND visible_at <= :now AND (expires_at IS NULL OR expires_at > :now)
-AND (grp IS NULL OR seq = (
-    SELECT min(h.seq) FROM leasekit_messages AS h
-    WHERE h.queue = :queue AND h.grp = m.grp AND (h.expires_at IS NULL OR h.expires_at > :now)
-))
-ORDER BY visible_at, seq
-LIMIT :limit
-"""
-
-_RECEIVE = """
-UPDATE leasekit_messages
-SET visible_at = ?,
-    delivery_count = delivery_count + 1,
-    receipt = CAST(seq AS TEXT) || '.' || lower(hex(randomblob(8)))
-WHERE seq IN ({})
-RETURNING seq, id, body, properties, enqueued_at, delivery_count, receipt, checkpoint, grp
-"""
-
-_DELETE = "DELETE FROM leasekit_messages"
-_HELD = "seq = ? AND receipt = ? AND queue = ? AND (expires_at IS NULL OR expires_at > ?)"
-#: A checkpoint: the data and the new visibility, only while the receipt is current.
-_CHECKPOINT = f"UPDATE leasekit_messages SET visible_at = ?, checkpoint = ? WHERE {_HELD}"
-
-#: The lease columns of ``leasekit_dead_letters`` (for re-driving), added to a
-#: file made before they existed.
-_DEAD_LETTER_LEASE_COLUMNS = {
-    "visible_at": "REAL NOT NULL DEFAULT 0",
-    "receipt": "TEXT",
-    "grp": "TEXT",
-}
-#: Columns of ``leasekit_messages`` added to a file made before they existed: the
-#: checkpoint, and the ordered group (``NULL``: unordered) with the index that
-#: finds a group's head.
-_MESSAGE_COLUMNS = {"checkpoint": "BLOB", "grp": "TEXT"}
-_GROUP_INDEX = (
-    "CREATE INDEX IF NOT EXISTS leasekit_messages_group "
-    "ON leasekit_messages (queue, grp, seq) WHERE grp IS NOT NULL"
-)
-
-#: Lease free dead letters, oldest first (a re-drive's receive).
-_RECEIVE_DEAD = """
-UPDATE leasekit_dead_letters
-SET visible_at = :until,
-    receipt = CAST(seq AS TEXT) || '.' || lower(hex(randomblob(8)))
-WHERE seq IN (
-    SELECT seq FROM leasekit_dead_letters
-    WHERE queue = :queue AND visible_at <= :now ORDER BY seq LIMIT :limit
-)
-RETURNING seq, id, body, properties, delivery_count, reason, dead_lettered_at, receipt, grp
-"""
-
-
-@hookimpl
-def leasekit_add_backends() -> list[BackendSpec]:
-    """Register ``sqlite``."""
-    return [
-        BackendSpec(
-            name="sqlite",
-            driver="leasekit.backends.sqlite:SqliteDriver",
-            description="durable queues in one SQLite file, safe across processes (the default)",
-        )
-    ]
 
 
 def _check_path(path: str) -> None:
@@ -262,6 +117,9 @@ class SqliteDriver(Driver):
     """
 
     scheme = "sqlite"
+    #: The driver of a queue's dead letters: a subclass of this one, which
+    #: :mod:`.dead_letters` sets here when it is imported (so this module imports it not).
+    dead_letter_driver: ClassVar[type[SqliteDriver]]
     capabilities = CAPABILITIES
 
     def __init__(
@@ -314,38 +172,6 @@ class SqliteDriver(Driver):
 
     def __repr__(self) -> str:
         return f"<SqliteDriver {self.path!r} queue={self.queue!r}>"
-
-    # ------------------------------------------------------------- connection
-
-    def _connection(self) -> sqlite3.Connection:
-        if self._conn is not None and self._pid == os.getpid():
-            return self._conn
-        # A connection must not cross a fork: open a new one in the child.
-        self._pid = os.getpid()
-        conn = sqlite3.connect(
-            self.path, timeout=self._busy_timeout, isolation_level=None, check_same_thread=False
-        )
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(f"PRAGMA synchronous={self._synchronous}")
-        conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
-        conn.executescript(SCHEMA)
-        _add_dead_letter_lease_columns(conn)
-        _add_columns(conn, "leasekit_messages", _MESSAGE_COLUMNS)
-        conn.execute(_GROUP_INDEX)
-        self._conn = conn
-        return conn
-
-    def _exists(self, conn: sqlite3.Connection) -> None:
-        row = conn.execute("SELECT 1 FROM leasekit_queues WHERE name = ?", (self.queue,)).fetchone()
-        if row is None:
-            raise DriverError(
-                ErrorCode.QUEUE_NOT_FOUND,
-                f"queue {self.queue!r} does not exist in {self.path}",
-                backend_code="QueueNotFound",
-            )
-
-    def _write(self, conn: sqlite3.Connection) -> _Transaction:
-        return _Transaction(conn)
 
     # --------------------------------------------------------------- messages
 
@@ -461,14 +287,6 @@ class SqliteDriver(Driver):
             )
         ]
 
-    def _purge(self, conn: sqlite3.Connection, now: float) -> None:
-        self._last_purge = now
-        conn.execute(
-            "DELETE FROM leasekit_messages WHERE queue = ? AND expires_at IS NOT NULL "
-            "AND expires_at <= ?",
-            (self.queue, now),
-        )
-
     def change_visibility(
         self, receipts: Sequence[str], seconds: float
     ) -> list[Visibility | BaseException]:
@@ -480,6 +298,96 @@ class SqliteDriver(Driver):
             "UPDATE leasekit_messages SET visible_at = ?",
             (until,),
             lambda receipt: Visibility(receipt, expiry),
+        )
+
+    def delete(self, receipts: Sequence[str]) -> list[BaseException | None]:
+        """Delete the leased messages: one fenced statement, one transaction.
+
+        The common case first: the statement without ``RETURNING``, committed
+        when it deleted as many rows as it was given receipts. A row is deleted
+        only by its current receipt, and a receipt names one row, so that count
+        says every receipt was held (a repeated one, or an old and the current
+        receipt of one row, make it fall short). Otherwise it is rolled back and
+        :meth:`_update` tells each receipt's outcome, in a transaction of its
+        own, as a later call would. ``RETURNING`` costs about 0.5 µs a row (a
+        tenth of the delete's cost, measured at batches of 10 and 100).
+        """
+        count = len(receipts)
+        if not count:
+            return []
+        sql = _fenced(_DELETE, 0, count, returning=False)
+        with self._lock:
+            conn = self._connection()
+            params = (*receipts, self.queue, self._clock.time())
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                held = conn.execute(sql, params).rowcount == count
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT" if held else "ROLLBACK")
+        if held:
+            return [None] * count
+        return self._update(receipts, _DELETE, (), lambda receipt: None)
+
+    # ------------------------------------------------------------------ admin
+
+    def create_queue(self) -> None:
+        """Create the queue if missing."""
+        with self._lock:
+            conn = self._connection()
+            conn.execute(
+                "INSERT OR IGNORE INTO leasekit_queues (name, created_at) VALUES (?, ?)",
+                (self.queue, self._clock.time()),
+            )
+
+    def delete_queue(self) -> None:
+        """Drop the queue, its messages and its dead letters."""
+        with self._lock:
+            conn = self._connection()
+            with self._write(conn):
+                for table in ("leasekit_messages", "leasekit_dead_letters"):
+                    conn.execute(f"DELETE FROM {table} WHERE queue = ?", (self.queue,))
+                conn.execute("DELETE FROM leasekit_queues WHERE name = ?", (self.queue,))
+
+    # ------------------------------------------------------------- connection
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is not None and self._pid == os.getpid():
+            return self._conn
+        # A connection must not cross a fork: open a new one in the child.
+        self._pid = os.getpid()
+        conn = sqlite3.connect(
+            self.path, timeout=self._busy_timeout, isolation_level=None, check_same_thread=False
+        )
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={self._synchronous}")
+        conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
+        conn.executescript(SCHEMA)
+        _add_dead_letter_lease_columns(conn)
+        _add_columns(conn, "leasekit_messages", _MESSAGE_COLUMNS)
+        conn.execute(_GROUP_INDEX)
+        self._conn = conn
+        return conn
+
+    def _exists(self, conn: sqlite3.Connection) -> None:
+        row = conn.execute("SELECT 1 FROM leasekit_queues WHERE name = ?", (self.queue,)).fetchone()
+        if row is None:
+            raise DriverError(
+                ErrorCode.QUEUE_NOT_FOUND,
+                f"queue {self.queue!r} does not exist in {self.path}",
+                backend_code="QueueNotFound",
+            )
+
+    def _write(self, conn: sqlite3.Connection) -> _Transaction:
+        return _Transaction(conn)
+
+    def _purge(self, conn: sqlite3.Connection, now: float) -> None:
+        self._last_purge = now
+        conn.execute(
+            "DELETE FROM leasekit_messages WHERE queue = ? AND expires_at IS NOT NULL "
+            "AND expires_at <= ?",
+            (self.queue, now),
         )
 
     def checkpoint(
@@ -533,36 +441,6 @@ class SqliteDriver(Driver):
             lambda receipt: None,
             clear=True,
         )
-
-    def delete(self, receipts: Sequence[str]) -> list[BaseException | None]:
-        """Delete the leased messages: one fenced statement, one transaction.
-
-        The common case first: the statement without ``RETURNING``, committed
-        when it deleted as many rows as it was given receipts. A row is deleted
-        only by its current receipt, and a receipt names one row, so that count
-        says every receipt was held (a repeated one, or an old and the current
-        receipt of one row, make it fall short). Otherwise it is rolled back and
-        :meth:`_update` tells each receipt's outcome, in a transaction of its
-        own, as a later call would. ``RETURNING`` costs about 0.5 µs a row (a
-        tenth of the delete's cost, measured at batches of 10 and 100).
-        """
-        count = len(receipts)
-        if not count:
-            return []
-        sql = _fenced(_DELETE, 0, count, returning=False)
-        with self._lock:
-            conn = self._connection()
-            params = (*receipts, self.queue, self._clock.time())
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                held = conn.execute(sql, params).rowcount == count
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT" if held else "ROLLBACK")
-        if held:
-            return [None] * count
-        return self._update(receipts, _DELETE, (), lambda receipt: None)
 
     def _update(
         self,
@@ -664,9 +542,9 @@ class SqliteDriver(Driver):
             ).fetchall()
         return _dead_letters(rows)
 
-    def dead_letter_store(self) -> SqliteDeadLetters:
+    def dead_letter_store(self) -> SqliteDriver:
         """The dead letters of this queue, leased and deleted like messages (for re-driving)."""
-        return SqliteDeadLetters(
+        return self.dead_letter_driver(
             queue=self.queue,
             path=self.path,
             clock=self._clock,
@@ -698,26 +576,6 @@ class SqliteDriver(Driver):
         """Another queue in the same file."""
         return SqliteDriver(queue=queue, path=self.path, clock=self._clock)
 
-    # ------------------------------------------------------------------ admin
-
-    def create_queue(self) -> None:
-        """Create the queue if missing."""
-        with self._lock:
-            conn = self._connection()
-            conn.execute(
-                "INSERT OR IGNORE INTO leasekit_queues (name, created_at) VALUES (?, ?)",
-                (self.queue, self._clock.time()),
-            )
-
-    def delete_queue(self) -> None:
-        """Drop the queue, its messages and its dead letters."""
-        with self._lock:
-            conn = self._connection()
-            with self._write(conn):
-                for table in ("leasekit_messages", "leasekit_dead_letters"):
-                    conn.execute(f"DELETE FROM {table} WHERE queue = ?", (self.queue,))
-                conn.execute("DELETE FROM leasekit_queues WHERE name = ?", (self.queue,))
-
     # ----------------------------------------------------------------- errors
 
     def error_code(self, exc: BaseException) -> ErrorCode:
@@ -743,134 +601,6 @@ class SqliteDriver(Driver):
                 self._conn = None
 
 
-class SqliteDeadLetters(SqliteDriver):
-    """The dead letters of one SQLite queue, as a driver: receive leases, delete removes.
-
-    What :meth:`SqliteDriver.dead_letter_store` returns; the lease lives in the
-    dead-letter table's ``visible_at`` and ``receipt`` columns, so a re-drive in
-    another process never takes the same dead letter. Sending is refused.
-    """
-
-    def __repr__(self) -> str:
-        return f"<SqliteDeadLetters {self.path!r} queue={self.queue!r}>"
-
-    def send(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
-        """Refused: dead letters come from dead-lettering."""
-        error = DriverError(ErrorCode.UNSUPPORTED, "sqlite: cannot send to a dead-letter store")
-        return [error for _ in messages]
-
-    def receive(self, max_messages: int, visibility: float, wait: float) -> list[RawMessage]:
-        """Lease up to ``max_messages`` free dead letters, oldest first, in one transaction."""
-        with self._lock:
-            conn = self._connection()
-            now = self._clock.time()
-            with self._write(conn):
-                self._exists(conn)
-                rows = conn.execute(
-                    _RECEIVE_DEAD,
-                    {
-                        "until": now + visibility,
-                        "queue": self.queue,
-                        "now": now,
-                        "limit": max_messages,
-                    },
-                ).fetchall()
-        rows.sort(key=lambda row: row[0])
-        until = to_datetime(now + visibility)
-        return [
-            RawMessage(
-                id=message_id,
-                body=body,
-                receipt=receipt,
-                delivery_count=1,
-                enqueued_at=to_datetime(dead_lettered_at),
-                visible_until=until,
-                properties=marks.marked(
-                    json.loads(props) if props else {},
-                    id=message_id,
-                    reason=reason,
-                    delivery_count=count,
-                ),
-                group=group,
-            )
-            for _, message_id, body, props, count, reason, dead_lettered_at, receipt, group in rows
-        ]
-
-    def change_visibility(
-        self, receipts: Sequence[str], seconds: float
-    ) -> list[Visibility | BaseException]:
-        """Hide each leased dead letter for ``seconds`` from now."""
-        until = self._clock.time() + seconds
-        return self._each_dead(
-            receipts,
-            "UPDATE leasekit_dead_letters SET visible_at = ? WHERE seq = ? AND receipt = ? "
-            "AND queue = ?",
-            (until,),
-            lambda receipt: Visibility(receipt, to_datetime(until)),
-        )
-
-    def abandon(self, receipts: Sequence[str], delay: float) -> list[BaseException | None]:
-        """Give the leased dead letters back; their receipts stop working."""
-        return self._each_dead(
-            receipts,
-            "UPDATE leasekit_dead_letters SET visible_at = ?, receipt = NULL WHERE seq = ? "
-            "AND receipt = ? AND queue = ?",
-            (self._clock.time() + delay,),
-            lambda receipt: None,
-        )
-
-    def delete(self, receipts: Sequence[str]) -> list[BaseException | None]:
-        """Remove the leased dead letters, in one transaction."""
-        return self._each_dead(
-            receipts,
-            "DELETE FROM leasekit_dead_letters WHERE seq = ? AND receipt = ? AND queue = ?",
-            (),
-            lambda receipt: None,
-        )
-
-    def _each_dead(
-        self,
-        receipts: Sequence[str],
-        statement: str,
-        first: tuple[float, ...],
-        ok: Callable[[str], T],
-    ) -> list[T | BaseException]:
-        results: list[T | BaseException] = []
-        with self._lock:
-            conn = self._connection()
-            with self._write(conn):
-                for receipt in receipts:
-                    cursor = conn.execute(
-                        statement, (*first, _seq_of(receipt), receipt, self.queue)
-                    )
-                    if cursor.rowcount == 1:
-                        results.append(ok(receipt))
-                    else:
-                        self._exists(conn)
-                        results.append(
-                            _lost(f"dead-letter receipt {receipt!r} is stale or it is gone")
-                        )
-        return results
-
-
-def _add_dead_letter_lease_columns(conn: sqlite3.Connection) -> None:
-    """Add the dead-letter lease columns to a file made before they existed (idempotent)."""
-    _add_columns(conn, "leasekit_dead_letters", _DEAD_LETTER_LEASE_COLUMNS)
-
-
-def _add_columns(conn: sqlite3.Connection, table: str, columns: dict[str, str]) -> None:
-    """Add ``columns`` (name: declaration) missing from ``table`` (idempotent, race-safe)."""
-    have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
-    for name, declaration in columns.items():
-        if name in have:
-            continue
-        try:
-            conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {declaration}")
-        except sqlite3.OperationalError as exc:  # another process added it first
-            if "duplicate column" not in str(exc).lower():
-                raise
-
-
 class _Transaction:
     """``BEGIN IMMEDIATE`` … ``COMMIT`` (``ROLLBACK`` on error)."""
 
@@ -886,37 +616,6 @@ class _Transaction:
             self.conn.execute("COMMIT")
         else:
             self.conn.execute("ROLLBACK")
-
-
-@functools.lru_cache(maxsize=64)
-def _receive_statement(count: int) -> str:
-    """:data:`_RECEIVE` for ``count`` picked rows."""
-    return _RECEIVE.format(", ".join("?" * count))
-
-
-@functools.lru_cache(maxsize=64)
-def _fenced(statement: str, own: int, count: int, *, returning: bool = True) -> str:
-    """``statement`` (``UPDATE … SET …`` or ``DELETE FROM …``) on ``count`` held receipts.
-
-    Parameters: the statement's own ``own``, then the ``count`` receipts, the
-    queue and now. Returns the receipt of each row it changed. Each receipt is
-    bound once and read twice: as text for the fence, and ``CAST … AS INTEGER``
-    (its leading digits) for the row number it names, so SQLite finds the rows by
-    primary key (``+queue`` keeps it from scanning the queue's index instead, its
-    choice otherwise even for one row). A malformed receipt names row 0, which
-    no row has (``seq`` starts at 1). Without ``returning``, only the count of
-    changed rows tells what it did.
-    """
-    first = own + 1
-    numbers = range(first, first + count)
-    rows = ", ".join(f"CAST(?{n} AS INTEGER)" for n in numbers)
-    receipts = ", ".join(f"?{n}" for n in numbers)
-    queue = first + count
-    return (
-        f"{statement} WHERE seq IN ({rows}) AND receipt IN ({receipts}) AND +queue = ?{queue} "
-        f"AND (expires_at IS NULL OR expires_at > ?{queue + 1})"
-        + (" RETURNING receipt" if returning else "")
-    )
 
 
 def _seq_of(receipt: str) -> int:
