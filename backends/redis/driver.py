@@ -297,6 +297,8 @@ class RedisDriver(Driver):
         self._keys = _keys(base, "")
         self._consumer = f"lk-{socket.gethostname()[:32]}-{os.getpid()}-{secrets.token_hex(4)}"
         self._consumer = re.sub(r"[^A-Za-z0-9_.-]", "_", self._consumer)
+        #: The fresh consumers this driver read new entries with (one per lease length).
+        self._fresh: set[str] = set()
         self._owns_server = _server is None
         if _server is None:
             as_text(host, "host")
@@ -394,31 +396,36 @@ class RedisDriver(Driver):
     def _receive(self, max_messages: int, visibility: float) -> list[RawMessage] | str:
         """The receive script: the messages, or (none) ``"last-id due-in-ms"``."""
         start = time.time()
+        lease_ms = _ms(visibility)
+        fresh = f"{self._consumer}.f{lease_ms}"
+        self._fresh.add(fresh)
         blob: bytes = self._run(
             scripts.RECEIVE,
             [
                 GROUP,
                 self._consumer,
                 max_messages,
-                THRESHOLD_MS - _ms(visibility),
+                THRESHOLD_MS - lease_ms,
                 THRESHOLD_MS,
                 CHORES,
                 RECLAIM_EVERY_MS,
+                fresh,
             ],
         )
         if blob.startswith(b"!"):
             return blob[1:].decode()
         until = to_datetime(start + visibility)
-        return [self._message(row, until) for row in _rows(blob)]
+        owners = {"f": fresh, "b": self._consumer}
+        return [self._message(row, until, owners[row[9]]) for row in _rows(blob)]
 
-    def _message(self, row: _Row, until: datetime) -> RawMessage:
-        """One message from a row of the receive script's reply."""
-        entry, count, message_id, sent, _dead_count, body, props, checkpoint, _reason = row
+    def _message(self, row: _Row, until: datetime, owner: str) -> RawMessage:
+        """One message from a row of the receive script's reply, held by ``owner``."""
+        entry, count, message_id, sent, _dead_count, body, props, checkpoint, _reason, _ = row
         enqueued_ms = int(sent) if sent != "-" else int(entry.partition("-")[0])
         return received(
             entry if message_id == "-" else message_id,
             body,
-            f"{entry}/{count}/{self._consumer}",
+            f"{entry}/{count}/{owner}",
             int(count),
             to_datetime(enqueued_ms / 1000),
             until,
@@ -615,7 +622,7 @@ class RedisDriver(Driver):
         if self._server.used:
             try:
                 client = self._server.client(1.0)
-                client.eval(scripts.CLOSE, 1, self._keys[0], GROUP, self._consumer)
+                client.eval(scripts.CLOSE, 1, self._keys[0], GROUP, self._consumer, *self._fresh)
             except redis.exceptions.RedisError:
                 pass  # best effort: an empty consumer left behind costs a few bytes
         if self._owns_server:
@@ -642,9 +649,9 @@ class RedisDeadLetters(RedisDriver):
         error = DriverError(ErrorCode.UNSUPPORTED, "redis: cannot send to a dead-letter store")
         return [error for _ in messages]
 
-    def _message(self, row: _Row, until: datetime) -> RawMessage:
+    def _message(self, row: _Row, until: datetime, owner: str) -> RawMessage:
         """A dead letter as a message: its own properties plus core's dead-letter marks."""
-        message = super()._message(row, until)
+        message = super()._message(row, until, owner)
         entry, dead_count, reason = row[0], row[4], row[8]
         return received(
             message.id,
@@ -669,8 +676,9 @@ class RedisDeadLetters(RedisDriver):
 #: One message of the receive script's reply: entry id, delivery count, message
 #: id and send time (``-``: the entry's own), a dead letter's delivery count
 #: (``-``: none), body, properties, checkpoint and a dead letter's reason
-#: (``None`` where missing).
-_Row = tuple[str, str, str, str, str, bytes, bytes | None, bytes | None, str | None]
+#: (``None`` where missing), and who holds it (``f``: the fresh consumer, ``b``: the
+#: driver's own).
+_Row = tuple[str, str, str, str, str, bytes, bytes | None, bytes | None, str | None, str]
 
 
 def _rows(blob: bytes) -> list[_Row]:
@@ -679,7 +687,7 @@ def _rows(blob: bytes) -> list[_Row]:
     pos, end = 0, len(blob)
     while pos < end:
         line = blob.index(b"\n", pos)
-        entry, count, mid, sent, dcount, nb, np, nc, nr = blob[pos:line].decode().split(" ")
+        entry, count, mid, sent, dcount, nb, np, nc, nr, owner = blob[pos:line].decode().split(" ")
         pos = line + 1
         body = blob[pos : pos + int(nb)]
         pos += len(body)
@@ -703,6 +711,7 @@ def _rows(blob: bytes) -> list[_Row]:
                 props,
                 checkpoint,
                 None if reason is None else reason.decode(),
+                owner,
             )
         )
     return rows

@@ -52,9 +52,17 @@ local function stream_or_error(key)
   if kind == 'none' then return redis.error_reply('NOQUEUE no stream at ' .. key) end
   return redis.error_reply('WRONGTYPE ' .. key .. ' holds a ' .. kind .. ', not a stream')
 end
+-- A fresh consumer (``base.fMS``) holds entries read new, leased for MS from their
+-- delivery; renewing one moves it to the base consumer, so a receipt naming a fresh
+-- consumer is honoured for an entry its base holds (the count still fences it).
+local function base_of(owner)
+  return string.match(owner, '^(.*)%.f%d+$') or owner
+end
 local function held(s, g, ttl, id, owner, count, now)
   local p = redis.call('XPENDING', s, g, id, id, 1)[1]
-  if not p or p[2] ~= owner or p[4] ~= tonumber(count) then return false end
+  if not p or p[4] ~= tonumber(count) or (p[2] ~= owner and p[2] ~= base_of(owner)) then
+    return false
+  end
   if ttl then
     local ends = redis.call('ZSCORE', ttl, id)
     if ends and tonumber(ends) <= now then return false end
@@ -81,22 +89,35 @@ local function fence(s, g, life, text, now)
       end
     end
   end
-  local counts, whole = {}, {}
-  for owner, span in pairs(spans) do
+  local function rows_of(owner, span)
     local limit = span[1] * 2 + 8
     local rows = redis.call('XPENDING', s, g, span[4], span[7], limit, owner)
     local mine = {}
     for _, p in ipairs(rows) do mine[p[1]] = p[4] end
-    counts[owner] = mine
-    whole[owner] = #rows < limit
+    return {mine, #rows < limit}
   end
+  local found, moved = {}, {}
+  for owner, span in pairs(spans) do found[owner] = rows_of(owner, span) end
   local ids, owners, flags = {}, {}, {}
   for i = 1, n do
     local id, owner = rid[i], rowner[i]
-    local c = counts[owner][id]
-    if c == nil and not whole[owner] then
-      local p = redis.call('XPENDING', s, g, id, id, 1)[1]
-      if p and p[2] == owner then c = p[4] end
+    local got = found[owner]
+    local c = got[1][id]
+    if c == nil then
+      local base = base_of(owner)
+      if got[2] and base ~= owner then
+        -- Renewed: its base holds it now (looked up over the same range, once).
+        got = moved[owner]
+        if not got then
+          got = rows_of(base, spans[owner])
+          moved[owner] = got
+        end
+        c = got[1][id]
+      end
+      if c == nil and not got[2] then
+        local p = redis.call('XPENDING', s, g, id, id, 1)[1]
+        if p and (p[2] == owner or p[2] == base) then c = p[4] end
+      end
     end
     local ok = c == rcount[i]
     if ok and life then
@@ -116,7 +137,7 @@ end
 local function claim(s, g, ids, owners, idle, to)
   local by = {}
   for i, id in ipairs(ids) do
-    local o = to or owners[i]
+    local o = to or base_of(owners[i])
     local list = by[o]
     if not list then
       list = {'XCLAIM', s, g, o, 0}
@@ -181,20 +202,22 @@ return out
 
 #: ARGV: group, consumer, max, idle (threshold - lease, ms), threshold (ms),
 #: most delayed messages to move and expired ones to drop per call, how often
-#: (ms) a receive that fills its batch with new entries looks for lapsed ones.
+#: (ms) a receive that fills its batch with new entries looks for lapsed ones,
+#: the fresh consumer (``consumer.fMS``, MS the lease) that reads new entries.
 #: Returns one string (a client parses one bulk string much faster than an
 #: array of them): per message a header line ``entry count id sent dcount
-#: len(body) len(props) len(checkpoint) len(reason)`` (``id``/``sent``: a
+#: len(body) len(props) len(checkpoint) len(reason) owner`` (``id``/``sent``: a
 #: delayed message's own id and send time; ``dcount``/reason: a dead letter's;
-#: ``-`` or -1 where missing), then the body, properties, checkpoint and reason.
-#: Reclaimed messages (lapsed leases, abandoned ones) come first, then new.
+#: ``-`` or -1 where missing; owner ``f``: the fresh consumer, ``b``: the
+#: consumer), then the body, properties, checkpoint and reason.
 #: With no message: ``!last-entry-id due-in-ms`` (see the driver's long poll).
 RECEIVE = (
     _PRELUDE
     + """
 local s, delayed, data, cp, ttl, cursor_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local g, me, want, idle, threshold, chores =
-  ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local g, me, want, idle, threshold, chores, fresh =
+  ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]),
+  ARGV[8]
 local err = stream_or_error(s)
 if err then return err end
 local now = now_ms()
@@ -219,7 +242,32 @@ local gone = redis.call('ZRANGEBYSCORE', ttl, '-inf', now, 'LIMIT', 0, chores)
 for _, id in ipairs(gone) do drop(s, g, cp, ttl, id) end
 -- Lapsed leases (idle reached the threshold), from the kept cursor, wrapping
 -- once: at most every ARGV[7] ms, and whenever new entries do not fill the batch.
-local taken, counts = {}, {}
+local taken, counts, new = {}, {}, {}
+-- Entries read new wait with their fresh consumer (``me.fMS``): leased for MS from
+-- their delivery, in delivery order, so a fresh consumer's oldest entries lapse
+-- first. Take back the lapsed ones (counting a delivery); drop fresh consumers
+-- that hold nothing (they come back with their next read).
+local function sweep()
+  for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', s, g)) do
+    if #taken >= want then return end
+    local name, holds = c[2], c[4]
+    local d = tonumber(string.match(name, '%.f(%d+)$'))
+    if d and holds == 0 then
+      if name ~= fresh then redis.call('XGROUP', 'DELCONSUMER', s, g, name) end
+    elseif d then
+      local ids = {}
+      for _, p in ipairs(redis.call('XPENDING', s, g, '-', '+', want - #taken, name)) do
+        if p[3] < d then break end
+        ids[#ids + 1] = p[1]
+      end
+      if #ids > 0 then
+        for _, e in ipairs(redis.call('XCLAIM', s, g, me, d, unpack(ids))) do
+          if e then taken[#taken + 1] = e end
+        end
+      end
+    end
+  end
+end
 local function reclaim()
   local cursor = redis.call('HGET', cursor_key, 'cursor') or '0-0'
   local start = cursor
@@ -234,6 +282,7 @@ local function reclaim()
     start = '0-0'
   end
   redis.call('HSET', cursor_key, 'cursor', cursor, 'at', now)
+  sweep()
   for i = first, #taken do
     counts[i] = redis.call('XPENDING', s, g, taken[i][1], taken[i][1], 1)[1][4]
   end
@@ -244,11 +293,12 @@ if now - tonumber(redis.call('HGET', cursor_key, 'at') or '0') >= tonumber(ARGV[
   reclaimed = true
 end
 if #taken < want then
-  local r = redis.call('XREADGROUP', 'GROUP', g, me, 'COUNT', want - #taken, 'STREAMS', s, '>')
+  local r = redis.call('XREADGROUP', 'GROUP', g, fresh, 'COUNT', want - #taken, 'STREAMS', s, '>')
   if r then
     for _, e in ipairs(r[1][2]) do
       taken[#taken + 1] = e
       counts[#taken] = 1
+      new[#taken] = true
     end
   end
 end
@@ -262,23 +312,30 @@ if #taken == 0 then
   if next_due then due_in = math.max(0, tonumber(next_due) - now) end
   return '!' .. (last and last[1] or '0-0') .. ' ' .. due_in
 end
+-- Taken back entries get their lease as an idle time (XCLAIM ... IDLE ... JUSTID
+-- counts no delivery); new ones have it already: idle 0 with their fresh consumer.
 local ids, args, n = {}, {'XCLAIM', s, g, me, 0}, 5
 for i, e in ipairs(taken) do
   ids[i] = e[1]
-  args[n + i] = e[1]
+  if not new[i] then
+    n = n + 1
+    args[n] = e[1]
+  end
 end
-n = n + #taken
-args[n + 1], args[n + 2], args[n + 3] = 'IDLE', idle, 'JUSTID'
-redis.call(unpack(args))
+if n > 5 then
+  args[n + 1], args[n + 2], args[n + 3] = 'IDLE', idle, 'JUSTID'
+  redis.call(unpack(args))
+end
 local points = {}
 if redis.call('EXISTS', cp) == 1 then points = redis.call('HMGET', cp, unpack(ids)) end
 local out, k = {}, 0
 for i, e in ipairs(taken) do
   local f, point = e[2], points[i]
+  local owner = new[i] and 'f' or 'b'
   if #f == 2 and f[1] == 'b' and not point then
     -- The common case: a body and nothing else.
     local body = f[2]
-    out[k + 1] = e[1] .. ' ' .. counts[i] .. ' - - - ' .. #body .. ' -1 -1 -1\\n'
+    out[k + 1] = e[1] .. ' ' .. counts[i] .. ' - - - ' .. #body .. ' -1 -1 -1 ' .. owner .. '\\n'
     out[k + 2] = body
     k = k + 2
   else
@@ -296,7 +353,7 @@ for i, e in ipairs(taken) do
     k = k + 1
     out[k] = e[1] .. ' ' .. counts[i] .. ' ' .. mid .. ' ' .. sent .. ' ' .. dcount .. ' '
       .. #body .. ' ' .. (props and #props or -1) .. ' ' .. (point and #point or -1) .. ' '
-      .. (reason and #reason or -1) .. '\\n'
+      .. (reason and #reason or -1) .. ' ' .. owner .. '\\n'
     k = k + 1
     out[k] = body
     if props then k = k + 1; out[k] = props end
@@ -378,7 +435,7 @@ for i = 3, #ARGV, 4 do
   local id, owner = ARGV[i], ARGV[i + 1]
   if held(s, g, life, id, owner, ARGV[i + 2], now) then
     redis.call('HSET', cp, id, ARGV[i + 3])
-    redis.call('XCLAIM', s, g, owner, 0, id, 'IDLE', idle, 'JUSTID')
+    redis.call('XCLAIM', s, g, base_of(owner), 0, id, 'IDLE', idle, 'JUSTID')
     out[#out + 1] = 1
   else
     out[#out + 1] = 0
@@ -450,6 +507,17 @@ end
 local lapsed, parked_lapsed = 0, 0
 if pending > 0 then
   lapsed = #redis.call('XPENDING', s, g, 'IDLE', threshold, '-', '+', pending)
+  -- A fresh consumer's entries lapse at the lease in its name (those past the
+  -- threshold too are counted above).
+  for _, c in ipairs(summary[4]) do
+    local d = tonumber(string.match(c[1], '%.f(%d+)$'))
+    if d then
+      local rows = redis.call('XPENDING', s, g, 'IDLE', d, '-', '+', tonumber(c[2]), c[1])
+      for _, p in ipairs(rows) do
+        if p[3] < tonumber(threshold) then lapsed = lapsed + 1 end
+      end
+    end
+  end
   if parked_total > 0 then
     parked_lapsed = #redis.call('XPENDING', s, g, 'IDLE', threshold, '-', '+', parked_total, parked)
   end
@@ -460,14 +528,20 @@ return {redis.call('XLEN', s), pending, lapsed, parked_total, parked_lapsed,
 """
 )
 
-#: ARGV: group, consumer. Deletes the consumer from the group if it holds
-#: nothing (XGROUP DELCONSUMER would drop the entries it holds). Returns 1 if deleted.
+#: ARGV: group, consumers. Deletes each consumer from the group if it holds
+#: nothing (XGROUP DELCONSUMER would drop the entries it holds). Returns how
+#: many were deleted.
 CLOSE = """
 if redis.call('TYPE', KEYS[1])['ok'] ~= 'stream' then return 0 end
-local ok, held = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2])
-if not ok or #held > 0 then return 0 end
-redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
-return 1
+local n = 0
+for i = 2, #ARGV do
+  local ok, held = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[i])
+  if ok and #held == 0 then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[i])
+    n = n + 1
+  end
+end
+return n
 """
 
 #: ARGV: group. 1 if the server has XACKDEL (Redis >= 8.2, Valkey >= 9.2), else
