@@ -6,14 +6,20 @@ the consumer that was given it and the delivery count it was given with
 (``ARGV`` triples ``id, owner, count``); ``XPENDING key group id id 1`` inside
 the script says who holds the entry now and how often it was delivered. If
 either differs (or the entry is gone), that entry's result is 0 and nothing is
-changed for it. A bare ``XACK`` does not fence: it returns 1 for an entry some
-other consumer holds now.
+changed for it. (A receipt naming a fresh consumer ``c.fMS`` is honoured for an
+entry ``c`` holds: a renewal moved it there, and the count still fences it.)
+A bare ``XACK`` does not fence: it returns 1 for an entry some other consumer
+holds now.
 
-The lease is the entry's idle time: a receive or renew sets it to
+The lease is the entry's idle time. An entry read new is read by a *fresh*
+consumer named for the lease (``consumer.fMS``): its idle time is 0 at delivery
+and the lease ends when it reaches MS, with no further command; the next
+receive's sweep takes it back then (``XCLAIM ... MS``, counting a delivery). A
+renewal, or a receive that takes an entry back, sets the idle time to
 ``threshold - duration`` with ``XCLAIM ... IDLE ... JUSTID`` (which leaves the
-delivery count alone), so the entry's idle time reaches the group's reclaim
-threshold exactly when the lease ends, and the next receive's ``XAUTOCLAIM``
-with that threshold takes it back (counting a delivery).
+delivery count alone) and hands the entry to the driver's own consumer, so its
+idle time reaches the group's reclaim threshold exactly when the lease ends, and
+the next receive's ``XAUTOCLAIM`` with that threshold takes it back.
 
 Keys (all under one ``{hash tag}``, so a cluster keeps a queue on one slot):
 ``KEYS[1]`` the stream, ``KEYS[2]`` the delayed set (score: due time, ms),
