@@ -37,7 +37,9 @@ from .settings import BATCH, DAY, PURGE_EVERY, REAP_EVERY, REAP_LIMIT, SDK_LOGGE
 from .statements import (
     _ABANDON,
     _DEAD_LETTER,
+    _DEAD_LETTER_SEQ,
     _DEAD_LETTERS,
+    _DEAD_LETTERS_AFTER,
     _DELETE,
     _EXISTS,
     _LOCK_BATCHES,
@@ -571,6 +573,35 @@ class PostgresqlDriver(Driver):
             ).fetchall()
             if not rows:
                 self._check_exists(conn)
+        return [
+            DeadLetter(
+                id=str(i),
+                body=bytes(b),
+                reason=r,
+                delivery_count=c,
+                properties=_props(p),
+                group=g,
+            )
+            for i, b, r, c, p, g in rows
+        ]
+
+    def dead_letters_after(self, after: str, limit: int) -> list[DeadLetter]:
+        """The ``limit`` dead letters after ``after``: two index reads, one page of rows."""
+        try:
+            wanted = uuid.UUID(after)
+        except (ValueError, TypeError, AttributeError):
+            raise KeyError(after) from None  # no dead letter has such an id
+        with self._connection() as conn:
+            found = conn.execute(
+                self._q("dead_letter_seq", _DEAD_LETTER_SEQ), {"queue": self.queue, "id": wanted}
+            ).fetchone()
+            if found is None or found[0] is None:
+                self._check_exists(conn)
+                raise KeyError(after)
+            rows = conn.execute(
+                self._q("dead_letters_after", _DEAD_LETTERS_AFTER),
+                {"queue": self.queue, "seq": found[0], "limit": limit},
+            ).fetchall()
         return [
             DeadLetter(
                 id=str(i),

@@ -89,6 +89,9 @@ MIGRATIONS: list[tuple[int, tuple[str, ...]]] = [
             # same one. NULL: never leased (visible). No row is rewritten.
             "ALTER TABLE {s}.dead_letters ADD COLUMN visible_at timestamptz",
             "ALTER TABLE {s}.dead_letters ADD COLUMN token bigint",
+            # Paging the dead letters by id (the dashboard's cursor): one index read
+            # finds where a page starts, then (queue_id, seq) reads one page.
+            "CREATE INDEX IF NOT EXISTS dead_letters_id ON {s}.dead_letters (queue_id, id)",
         ),
     ),
 ]

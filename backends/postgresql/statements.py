@@ -168,6 +168,16 @@ _DEAD_LETTERS = (
     "WHERE queue_id = " + _QUEUE_ID + " ORDER BY seq LIMIT %(limit)s"
 )
 
+#: Where a page of dead letters starts: the seq of the one the last page ended with.
+_DEAD_LETTER_SEQ = (
+    "SELECT min(seq) FROM {s}.dead_letters WHERE queue_id = " + _QUEUE_ID + " AND id = %(id)s"
+)
+#: The page after it, in the same order as ``_DEAD_LETTERS``.
+_DEAD_LETTERS_AFTER = (
+    "SELECT id, body, reason, delivery_count, properties, grp FROM {s}.dead_letters "
+    "WHERE queue_id = " + _QUEUE_ID + " AND seq > %(seq)s ORDER BY seq LIMIT %(limit)s"
+)
+
 _PEEK = (
     "SELECT m.seq, m.id, m.body, m.properties, m.enqueued_at, m.delivery_count, m.visible_at "
     "FROM {s}.messages m LEFT JOIN {s}.leases l ON l.id = m.lease_id "
