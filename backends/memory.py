@@ -278,6 +278,7 @@ CAPABILITIES = Capabilities(
     max_send_delay=WEEK,
     max_ttl=365 * 24 * 3600.0,
     supports_properties=True,
+    reports_oldest_age=True,
     native_dead_letter=True,
     delivery_count=True,
     queue_stats=True,
@@ -619,9 +620,12 @@ class MemoryDriver(Driver):
             q = self._q()
             now = self._clock.time()
             visible = leased = delayed = 0
+            oldest: float | None = None
             for rec in q.records.values():
                 if rec.expires_at is not None and rec.expires_at <= now:
                     continue
+                if oldest is None or rec.enqueued_at < oldest:
+                    oldest = rec.enqueued_at
                 if rec.visible_at <= now:
                     visible += 1
                 elif rec.delivery_count and rec.receipt is not None:
@@ -629,7 +633,11 @@ class MemoryDriver(Driver):
                 else:
                     delayed += 1
             return QueueStats(
-                visible=visible, leased=leased, delayed=delayed, dead_lettered=len(q.dead)
+                visible=visible,
+                leased=leased,
+                delayed=delayed,
+                dead_lettered=len(q.dead),
+                oldest_age=None if oldest is None else max(0.0, now - oldest),
             )
 
     def sibling(self, queue: str) -> MemoryDriver:

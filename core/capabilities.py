@@ -81,6 +81,8 @@ class Capabilities:
     ttl_ends_lease: bool = True
     #: Messages carry string properties.
     supports_properties: bool = True
+    #: ``stats()`` reports ``oldest_age`` (the age of the oldest message in the queue).
+    reports_oldest_age: bool = False
     #: Property text (and a dead-letter reason) may hold NUL (U+0000). PostgreSQL's
     #: text cannot; where this is False core refuses a NUL before any call.
     properties_hold_nul: bool = True

@@ -517,6 +517,8 @@ class Queue:
                 counts = with_total(counts)
             if "dead_lettered" in derived:
                 counts = dataclasses.replace(counts, dead_lettered=self._dead_letters.count())
+        if counts.oldest_age is not None and not caps.reports_oldest_age:
+            counts = dataclasses.replace(counts, oldest_age=None)  # only what is declared
         return counts
 
     def peek_dead_letters(self, limit: int = 10, *, after: str | None = None) -> list[DeadLetter]:

@@ -344,6 +344,10 @@ class QueueStats:
     #: dead letters not included): what a service that cannot tell the states
     #: apart still knows.
     total: int | None = None
+    #: Seconds since the oldest message still in the queue (any state, dead letters
+    #: not included) was sent; ``None`` when the queue is empty or the backend cannot
+    #: tell (``capabilities.reports_oldest_age``). How far a backlog reaches back.
+    oldest_age: float | None = None
 
 
 @dataclass(frozen=True)

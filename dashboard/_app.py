@@ -243,9 +243,17 @@ class Dashboard:
                 if not caps.queue_stats
                 else "not in this backend's capabilities.counted"
             ),
-            "oldest_age": None,
-            "oldest_age_why": "no backend reports the age of its oldest message through "
-            "leasekit's Queue.stats() yet",
+            # Aged to now: the sample may be up to its interval old.
+            "oldest_age": (
+                None
+                if last is None or last.stats.oldest_age is None
+                else last.stats.oldest_age + max(0.0, time.time() - last.at)
+            ),
+            "oldest_age_why": (
+                "the queue is empty"
+                if caps.reports_oldest_age
+                else "this backend does not report it (capabilities.reports_oldest_age is false)"
+            ),
             "charted": field,
             "history": [value for _, value in points],
             "rates": rates,

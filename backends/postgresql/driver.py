@@ -77,6 +77,7 @@ CAPABILITIES = Capabilities(
     max_send_delay=30 * DAY,
     max_ttl=3650 * DAY,
     supports_properties=True,
+    reports_oldest_age=True,
     properties_hold_nul=False,  # text cannot hold U+0000 (core refuses it before a call)
     native_dead_letter=True,
     delivery_count=True,
@@ -640,8 +641,14 @@ class PostgresqlDriver(Driver):
             row = conn.execute(self._q("stats", _STATS), {"queue": self.queue}).fetchone()
         if row is None:
             raise self._missing()
-        visible, leased, delayed, dead = row
-        return QueueStats(visible=visible, leased=leased, delayed=delayed, dead_lettered=dead)
+        visible, leased, delayed, dead, oldest = row
+        return QueueStats(
+            visible=visible,
+            leased=leased,
+            delayed=delayed,
+            dead_lettered=dead,
+            oldest_age=None if oldest is None else max(0.0, float(oldest)),
+        )
 
     def sibling(self, queue: str) -> PostgresqlDriver:
         """Another queue in the same schema, on the same pool."""

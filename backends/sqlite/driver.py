@@ -93,6 +93,7 @@ CAPABILITIES = Capabilities(
     max_send_delay=30 * DAY,
     max_ttl=3650 * DAY,
     supports_properties=True,
+    reports_oldest_age=True,
     native_dead_letter=True,
     delivery_count=True,
     queue_stats=True,
@@ -558,11 +559,12 @@ class SqliteDriver(Driver):
             conn = self._connection()
             self._exists(conn)
             now = self._clock.time()
-            visible, leased, delayed = conn.execute(
+            visible, leased, delayed, oldest = conn.execute(
                 "SELECT "
                 "coalesce(sum(visible_at <= :now), 0), "
                 "coalesce(sum(visible_at > :now AND receipt IS NOT NULL), 0), "
-                "coalesce(sum(visible_at > :now AND receipt IS NULL), 0) "
+                "coalesce(sum(visible_at > :now AND receipt IS NULL), 0), "
+                "min(enqueued_at) "
                 "FROM leasekit_messages WHERE queue = :queue "
                 "AND (expires_at IS NULL OR expires_at > :now)",
                 {"now": now, "queue": self.queue},
@@ -570,7 +572,13 @@ class SqliteDriver(Driver):
             (dead,) = conn.execute(
                 "SELECT count(*) FROM leasekit_dead_letters WHERE queue = ?", (self.queue,)
             ).fetchone()
-        return QueueStats(visible=visible, leased=leased, delayed=delayed, dead_lettered=dead)
+        return QueueStats(
+            visible=visible,
+            leased=leased,
+            delayed=delayed,
+            dead_lettered=dead,
+            oldest_age=None if oldest is None else max(0.0, now - oldest),
+        )
 
     def sibling(self, queue: str) -> SqliteDriver:
         """Another queue in the same file."""
