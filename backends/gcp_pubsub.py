@@ -261,6 +261,8 @@ class PubSubDriver(Driver):
     capabilities = CAPABILITIES
     secret_options = _SECRET_OPTIONS
     credential_hint = "pass credentials= or credentials_file= as keyword options"
+    #: Whether close() closes the gRPC clients (a sibling shares its parent's).
+    _owns_clients = True
 
     def __init__(
         self,
@@ -342,6 +344,136 @@ class PubSubDriver(Driver):
     def __repr__(self) -> str:
         where = f" endpoint={self.endpoint}" if self.endpoint else ""
         return f"<PubSubDriver {self.subscription}{where}>"
+
+    def send(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
+        """One ``Publish`` for the batch (all or nothing, as the service answers)."""
+        publisher, _ = self._api()
+        request = {
+            "topic": self.topic,
+            "messages": [
+                {"data": m.body, "attributes": dict(m.properties or EMPTY_MARK)}
+                if not m.body
+                else {"data": m.body, "attributes": dict(m.properties)}
+                for m in messages
+            ],
+        }
+        response = self._call(publisher.publish, request)
+        return list(response.message_ids)
+
+    def receive(self, max_messages: int, visibility: float, wait: float) -> list[RawMessage]:
+        """One ``Pull`` for up to ``max_messages``; waits up to ``wait`` (0: returns at once)."""
+        self._check_subscription()
+        _, subscriber = self._api()
+        started = time.time()
+        request: dict[str, Any] = {"subscription": self.subscription, "max_messages": max_messages}
+        if wait <= 0:
+            response = self._pull_now(subscriber, request)
+        else:
+            # The service answers an empty pull before the call's deadline, so
+            # DEADLINE_EXCEEDED means no answer came (a partition), not "no message".
+            response = self._call(subscriber.pull, request, cap=wait + PULL_MARGIN)
+        # The subscription's deadline as read on first use: a lease of that length
+        # needs no ModifyAckDeadline after the pull (core sets any other).
+        until = to_datetime(started + self._pull_deadline)
+        counted = self.dead_letter_topic is not None
+        out = []
+        # The protobuf messages under the client's proto-plus wrappers: reading
+        # fields through the wrappers cost three times the client's own work.
+        pb = type(response).pb(response) if hasattr(type(response), "pb") else response
+        for item in pb.received_messages:
+            message = item.message
+            stamp = message.publish_time
+            attributes = dict(message.attributes) if message.attributes else {}
+            if not message.data and attributes == EMPTY_MARK:
+                attributes = {}
+            out.append(
+                received(
+                    message.message_id,
+                    message.data,
+                    item.ack_id,
+                    max(1, item.delivery_attempt) if counted else 1,
+                    to_datetime(stamp.seconds + stamp.nanos / 1e9),
+                    until,
+                    attributes,
+                    item,
+                )
+            )
+        return out
+
+    def change_visibility(
+        self, receipts: Sequence[str], seconds: float
+    ) -> list[Visibility | BaseException]:
+        """One ``ModifyAckDeadline`` for the batch; the ack ids stay."""
+        _, subscriber = self._api()
+        whole = min(MAX_ACK_DEADLINE, math.ceil(seconds - 1e-9))
+        started = time.time()
+        request = _request(
+            "ModifyAckDeadlineRequest",
+            subscription=self.subscription,
+            ack_ids=receipts,
+            ack_deadline_seconds=whole,
+        )
+        results = self._per_entry(subscriber.modify_ack_deadline, request, receipts)
+        until = to_datetime(started + whole)
+        return [
+            error if error is not None else Visibility(receipt, until)
+            for receipt, error in zip(receipts, results, strict=True)
+        ]
+
+    def delete(self, receipts: Sequence[str]) -> list[BaseException | None]:
+        """One ``Acknowledge`` for the batch."""
+        _, subscriber = self._api()
+        request = _request("AcknowledgeRequest", subscription=self.subscription, ack_ids=receipts)
+        return self._per_entry(subscriber.acknowledge, request, receipts)
+
+    # ------------------------------------------------------------------ admin
+
+    def create_queue(self) -> None:
+        """Create the topic, the subscription and any dead-letter topic; keep existing ones.
+
+        A dead-letter topic gets a subscription of its own name, which keeps its
+        messages (a topic keeps none without a subscription).
+        """
+        from google.api_core import exceptions
+
+        publisher, subscriber = self._api()
+        for topic in filter(None, (self.topic, self.dead_letter_topic)):
+            with contextlib.suppress(exceptions.AlreadyExists):
+                self._call(publisher.create_topic, {"name": topic})
+        request: dict[str, Any] = {
+            "name": self.subscription,
+            "topic": self.topic,
+            "ack_deadline_seconds": self.ack_deadline,
+            "enable_exactly_once_delivery": self.exactly_once,
+        }
+        if self.dead_letter_topic is not None:
+            # The dead-letter topic's subscription of the same name keeps what
+            # reaches the topic (a topic keeps nothing without one) for reading back.
+            keeper = self.dead_letter_topic.replace("/topics/", "/subscriptions/")
+            with contextlib.suppress(exceptions.AlreadyExists):
+                self._call(
+                    subscriber.create_subscription,
+                    {**request, "name": keeper, "topic": self.dead_letter_topic},
+                )
+            request["dead_letter_policy"] = {
+                "dead_letter_topic": self.dead_letter_topic,
+                "max_delivery_attempts": self.max_delivery_attempts,
+            }
+        with contextlib.suppress(exceptions.AlreadyExists):
+            self._call(subscriber.create_subscription, request)
+
+    def delete_queue(self) -> None:
+        """Delete the subscription and the topic; succeed if they do not exist."""
+        from google.api_core import exceptions
+
+        publisher, subscriber = self._api()
+        for call, request in (
+            (subscriber.delete_subscription, {"subscription": self.subscription}),
+            (publisher.delete_topic, {"topic": self.topic}),
+        ):
+            with contextlib.suppress(exceptions.NotFound):
+                self._call(call, request)
+        self._checked = False
 
     # ---------------------------------------------------------------- clients
 
@@ -436,61 +568,6 @@ class PubSubDriver(Driver):
                 f"passes the {MAX_PUBLISH_BYTES}-byte publish limit",
             )
 
-    def send(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
-        """One ``Publish`` for the batch (all or nothing, as the service answers)."""
-        publisher, _ = self._api()
-        request = {
-            "topic": self.topic,
-            "messages": [
-                {"data": m.body, "attributes": dict(m.properties or EMPTY_MARK)}
-                if not m.body
-                else {"data": m.body, "attributes": dict(m.properties)}
-                for m in messages
-            ],
-        }
-        response = self._call(publisher.publish, request)
-        return list(response.message_ids)
-
-    def receive(self, max_messages: int, visibility: float, wait: float) -> list[RawMessage]:
-        """One ``Pull`` for up to ``max_messages``; waits up to ``wait`` (0: returns at once)."""
-        self._check_subscription()
-        _, subscriber = self._api()
-        started = time.time()
-        request: dict[str, Any] = {"subscription": self.subscription, "max_messages": max_messages}
-        if wait <= 0:
-            response = self._pull_now(subscriber, request)
-        else:
-            # The service answers an empty pull before the call's deadline, so
-            # DEADLINE_EXCEEDED means no answer came (a partition), not "no message".
-            response = self._call(subscriber.pull, request, cap=wait + PULL_MARGIN)
-        # The subscription's deadline as read on first use: a lease of that length
-        # needs no ModifyAckDeadline after the pull (core sets any other).
-        until = to_datetime(started + self._pull_deadline)
-        counted = self.dead_letter_topic is not None
-        out = []
-        # The protobuf messages under the client's proto-plus wrappers: reading
-        # fields through the wrappers cost three times the client's own work.
-        pb = type(response).pb(response) if hasattr(type(response), "pb") else response
-        for item in pb.received_messages:
-            message = item.message
-            stamp = message.publish_time
-            attributes = dict(message.attributes) if message.attributes else {}
-            if not message.data and attributes == EMPTY_MARK:
-                attributes = {}
-            out.append(
-                received(
-                    message.message_id,
-                    message.data,
-                    item.ack_id,
-                    max(1, item.delivery_attempt) if counted else 1,
-                    to_datetime(stamp.seconds + stamp.nanos / 1e9),
-                    until,
-                    attributes,
-                    item,
-                )
-            )
-        return out
-
     def _pull_now(self, subscriber: Any, request: dict[str, Any]) -> Any:
         """``Pull`` with ``return_immediately``, through the client's gRPC stub.
 
@@ -541,32 +618,6 @@ class PubSubDriver(Driver):
             return results
         return [None] * len(ack_ids)
 
-    def change_visibility(
-        self, receipts: Sequence[str], seconds: float
-    ) -> list[Visibility | BaseException]:
-        """One ``ModifyAckDeadline`` for the batch; the ack ids stay."""
-        _, subscriber = self._api()
-        whole = min(MAX_ACK_DEADLINE, math.ceil(seconds - 1e-9))
-        started = time.time()
-        request = _request(
-            "ModifyAckDeadlineRequest",
-            subscription=self.subscription,
-            ack_ids=receipts,
-            ack_deadline_seconds=whole,
-        )
-        results = self._per_entry(subscriber.modify_ack_deadline, request, receipts)
-        until = to_datetime(started + whole)
-        return [
-            error if error is not None else Visibility(receipt, until)
-            for receipt, error in zip(receipts, results, strict=True)
-        ]
-
-    def delete(self, receipts: Sequence[str]) -> list[BaseException | None]:
-        """One ``Acknowledge`` for the batch."""
-        _, subscriber = self._api()
-        request = _request("AcknowledgeRequest", subscription=self.subscription, ack_ids=receipts)
-        return self._per_entry(subscriber.acknowledge, request, receipts)
-
     def peek(self, limit: int) -> list[RawMessage]:
         """Pull up to ``limit`` (at most 1,000) and give them back at once (modack 0).
 
@@ -600,55 +651,6 @@ class PubSubDriver(Driver):
         twin._owns_clients = False
         return twin
 
-    # ------------------------------------------------------------------ admin
-
-    def create_queue(self) -> None:
-        """Create the topic, the subscription and any dead-letter topic; keep existing ones.
-
-        A dead-letter topic gets a subscription of its own name, which keeps its
-        messages (a topic keeps none without a subscription).
-        """
-        from google.api_core import exceptions
-
-        publisher, subscriber = self._api()
-        for topic in filter(None, (self.topic, self.dead_letter_topic)):
-            with contextlib.suppress(exceptions.AlreadyExists):
-                self._call(publisher.create_topic, {"name": topic})
-        request: dict[str, Any] = {
-            "name": self.subscription,
-            "topic": self.topic,
-            "ack_deadline_seconds": self.ack_deadline,
-            "enable_exactly_once_delivery": self.exactly_once,
-        }
-        if self.dead_letter_topic is not None:
-            # The dead-letter topic's subscription of the same name keeps what
-            # reaches the topic (a topic keeps nothing without one) for reading back.
-            keeper = self.dead_letter_topic.replace("/topics/", "/subscriptions/")
-            with contextlib.suppress(exceptions.AlreadyExists):
-                self._call(
-                    subscriber.create_subscription,
-                    {**request, "name": keeper, "topic": self.dead_letter_topic},
-                )
-            request["dead_letter_policy"] = {
-                "dead_letter_topic": self.dead_letter_topic,
-                "max_delivery_attempts": self.max_delivery_attempts,
-            }
-        with contextlib.suppress(exceptions.AlreadyExists):
-            self._call(subscriber.create_subscription, request)
-
-    def delete_queue(self) -> None:
-        """Delete the subscription and the topic; succeed if they do not exist."""
-        from google.api_core import exceptions
-
-        publisher, subscriber = self._api()
-        for call, request in (
-            (subscriber.delete_subscription, {"subscription": self.subscription}),
-            (publisher.delete_topic, {"topic": self.topic}),
-        ):
-            with contextlib.suppress(exceptions.NotFound):
-                self._call(call, request)
-        self._checked = False
-
     # ----------------------------------------------------------------- errors
 
     def error_code(self, exc: BaseException) -> ErrorCode:
@@ -667,8 +669,6 @@ class PubSubDriver(Driver):
     def is_retryable(self, exc: BaseException) -> bool:
         """Transient errors: the client's own retries are off."""
         return self.error_code(exc) is ErrorCode.UNAVAILABLE
-
-    _owns_clients = True
 
     def close(self) -> None:
         """Close the gRPC channels (a sibling shares its parent's)."""
