@@ -26,7 +26,9 @@ leasekit/raw per round and its median, and the client CPU per 1,000 messages
 (``time.process_time``), to say what fencing costs and where.
 
 ``hold`` holds N leases with a :class:`leasekit.LeaseKeeper` (``physical``
-lease of ``--lease`` seconds) for a while and reports leases lost, messages
+lease of ``--lease`` seconds; each receive's leases handed over in one
+``add_many`` as the consumers do, or with ``--add each`` one ``add`` per lease,
+so renewal batches mix receive batches) for a while and reports leases lost, messages
 visible again (lapsed), renewal lateness, renewals and renewal calls (batches
 of up to 500, one script each), the client's CPU and the server's memory.
 
@@ -159,8 +161,11 @@ def hold(args: argparse.Namespace) -> None:
             leases: list[Any] = []
             while len(leases) < n:
                 batch = queue.lease(min(500, n - len(leases)), duration=args.lease)
-                for lease in batch:
-                    keeper.add(lease)
+                if args.add == "batch":
+                    keeper.add_many(batch)  # as Consumer and AsyncConsumer do
+                else:
+                    for lease in batch:
+                        keeper.add(lease)
                 leases.extend(batch)
             start_cpu, start = _cpu(), time.monotonic()
             renewed_before, calls_before = keeper.stats.renewed, keeper.stats.renew_calls
@@ -174,8 +179,8 @@ def hold(args: argparse.Namespace) -> None:
             renewed = stats.renewed - renewed_before
             memory = client.info("memory")["used_memory_human"]
             print(
-                f"{args.server}: leases={n:,} held {args.seconds:.0f} s at {args.lease:g} s "
-                f"physical: lost={lost} lapsed={lapsed} renewals={renewed:,} in "
+                f"{args.server}: leases={n:,} (add {args.add}) held {args.seconds:.0f} s at "
+                f"{args.lease:g} s physical: lost={lost} lapsed={lapsed} renewals={renewed:,} in "
                 f"{stats.renew_calls - calls_before:,} calls; lateness "
                 f"p50={stats.lateness_percentile(0.5) * 1000:.1f} ms "
                 f"p99={stats.lateness_percentile(0.99) * 1000:.1f} ms "
@@ -384,6 +389,13 @@ def main() -> None:
     keep.add_argument("--leases", type=int, default=100_000)
     keep.add_argument("--lease", type=float, default=10.0)
     keep.add_argument("--seconds", type=float, default=120.0)
+    keep.add_argument(
+        "--add",
+        choices=("batch", "each"),
+        default="batch",
+        help="hand the keeper each receive's leases in one add_many (as the consumers do) "
+        "or one add per lease (their renewals then mix receive batches)",
+    )
     long = sub.add_parser("longjobs")
     long.add_argument("--server", choices=("redis", "valkey"), default="redis")
     long.add_argument("--jobs", type=int, default=20)

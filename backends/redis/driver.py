@@ -399,7 +399,7 @@ class RedisDriver(Driver):
         lease_ms = _ms(visibility)
         fresh = f"{self._consumer}.f{lease_ms}"
         self._fresh.add(fresh)
-        blob: bytes = self._run(
+        reply: bytes | list[bytes] = self._run(
             scripts.RECEIVE,
             [
                 GROUP,
@@ -412,11 +412,11 @@ class RedisDriver(Driver):
                 fresh,
             ],
         )
-        if blob.startswith(b"!"):
-            return blob[1:].decode()
+        if isinstance(reply, bytes):  # b"!last-id due-in-ms": nothing to take
+            return reply[1:].decode()
         until = to_datetime(start + visibility)
         owners = {"f": fresh, "b": self._consumer}
-        return [self._message(row, until, owners[row[9]]) for row in _rows(blob)]
+        return [self._message(row, until, owners[row[9]]) for row in _rows(reply)]
 
     def _message(self, row: _Row, until: datetime, owner: str) -> RawMessage:
         """One message from a row of the receive script's reply, held by ``owner``."""
@@ -681,16 +681,20 @@ class RedisDeadLetters(RedisDriver):
 _Row = tuple[str, str, str, str, str, bytes, bytes | None, bytes | None, str | None, str]
 
 
-def _rows(blob: bytes) -> list[_Row]:
+def _rows(reply: list[bytes]) -> list[_Row]:
     """The receive script's reply (see :data:`scripts.RECEIVE`) as rows."""
+    words = reply[0].decode().split(" ")
+    blob = reply[1]
     rows: list[_Row] = []
-    pos, end = 0, len(blob)
-    while pos < end:
-        line = blob.index(b"\n", pos)
-        entry, count, mid, sent, dcount, nb, np, nc, nr, owner = blob[pos:line].decode().split(" ")
-        pos = line + 1
-        body = blob[pos : pos + int(nb)]
-        pos += len(body)
+    pos = 0
+    it = iter(words)
+    for entry, count, mid, sent, dcount, nb, np, nc, nr, owner in zip(*[it] * 10, strict=True):
+        end = pos + int(nb)
+        body = blob[pos:end]
+        pos = end
+        if np == nc == nr == "-1":  # the common case: a body and nothing else
+            rows.append((entry, count, mid, sent, dcount, body, None, None, None, owner))
+            continue
         parts: list[bytes | None] = []
         for n in (np, nc, nr):
             size = int(n)

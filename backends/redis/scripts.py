@@ -210,12 +210,13 @@ return out
 #: most delayed messages to move and expired ones to drop per call, how often
 #: (ms) a receive that fills its batch with new entries looks for lapsed ones,
 #: the fresh consumer (``consumer.fMS``, MS the lease) that reads new entries.
-#: Returns one string (a client parses one bulk string much faster than an
-#: array of them): per message a header line ``entry count id sent dcount
-#: len(body) len(props) len(checkpoint) len(reason) owner`` (``id``/``sent``: a
-#: delayed message's own id and send time; ``dcount``/reason: a dead letter's;
-#: ``-`` or -1 where missing; owner ``f``: the fresh consumer, ``b``: the
-#: consumer), then the body, properties, checkpoint and reason.
+#: Returns two strings (a client parses a few bulk strings much faster than an
+#: array per message): the headers, ten words per message joined by spaces —
+#: ``entry count id sent dcount len(body) len(props) len(checkpoint)
+#: len(reason) owner`` (``id``/``sent``: a delayed message's own id and send
+#: time; ``dcount``/reason: a dead letter's; ``-`` or -1 where missing; owner
+#: ``f``: the fresh consumer, ``b``: the consumer) — and every message's body,
+#: properties, checkpoint and reason, concatenated.
 #: With no message: ``!last-entry-id due-in-ms`` (see the driver's long poll).
 RECEIVE = (
     _PRELUDE
@@ -334,16 +335,16 @@ if n > 5 then
 end
 local points = {}
 if redis.call('EXISTS', cp) == 1 then points = redis.call('HMGET', cp, unpack(ids)) end
-local out, k = {}, 0
+local heads, out, k = {}, {}, 0
 for i, e in ipairs(taken) do
   local f, point = e[2], points[i]
   local owner = new[i] and 'f' or 'b'
   if #f == 2 and f[1] == 'b' and not point then
     -- The common case: a body and nothing else.
     local body = f[2]
-    out[k + 1] = e[1] .. ' ' .. counts[i] .. ' - - - ' .. #body .. ' -1 -1 -1 ' .. owner .. '\\n'
-    out[k + 2] = body
-    k = k + 2
+    heads[i] = e[1] .. ' ' .. counts[i] .. ' - - - ' .. #body .. ' -1 -1 -1 ' .. owner
+    k = k + 1
+    out[k] = body
   else
     local body, props, mid, sent, reason, dcount = '', nil, '-', '-', nil, '-'
     for j = 1, #f, 2 do
@@ -356,10 +357,9 @@ for i, e in ipairs(taken) do
       elseif key == 'c' then dcount = f[j + 1]
       end
     end
-    k = k + 1
-    out[k] = e[1] .. ' ' .. counts[i] .. ' ' .. mid .. ' ' .. sent .. ' ' .. dcount .. ' '
+    heads[i] = e[1] .. ' ' .. counts[i] .. ' ' .. mid .. ' ' .. sent .. ' ' .. dcount .. ' '
       .. #body .. ' ' .. (props and #props or -1) .. ' ' .. (point and #point or -1) .. ' '
-      .. (reason and #reason or -1) .. ' ' .. owner .. '\\n'
+      .. (reason and #reason or -1) .. ' ' .. owner
     k = k + 1
     out[k] = body
     if props then k = k + 1; out[k] = props end
@@ -367,7 +367,7 @@ for i, e in ipairs(taken) do
     if reason then k = k + 1; out[k] = reason end
   end
 end
-return table.concat(out)
+return {table.concat(heads, ' '), table.concat(out)}
 """
 )
 
