@@ -75,43 +75,54 @@ local function held(s, g, ttl, id, owner, count, now)
   end
   return true
 end
+local function before(a, b)
+  -- Stream id order ('ms-seq', numbers of any length).
+  local am, as = string.match(a, '^(%d+)-(%d+)$')
+  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
+  if #am ~= #bm then return #am < #bm end
+  if am ~= bm then return am < bm end
+  if #as ~= #bs then return #as < #bs end
+  return as < bs
+end
 local function fence(s, g, life, text, now)
-  -- One XPENDING per owner over the range of the batch's ids (a receive's batch
-  -- is a run of ids), then one per entry only where that range held more.
+  -- One XPENDING per owner over its receipts' first..last id (a receive's batch
+  -- is a run of ids, in order): an id it holds is looked up there; one it does
+  -- not is looked up alone unless that range was complete and held the id.
   local rid, rcount, rowner, spans, n = {}, {}, {}, {}, 0
-  for id, ms, seq, count, owner in string.gmatch(text, '((%d+)-(%d+))/(%d+)/([^\\n]+)') do
+  for id, count, owner in string.gmatch(text, '(%d+-%d+)/(%d+)/([^\\n]+)') do
     n = n + 1
     rid[n], rcount[n], rowner[n] = id, tonumber(count), owner
-    ms, seq = tonumber(ms), tonumber(seq)
     local span = spans[owner]
     if not span then
-      spans[owner] = {1, ms, seq, id, ms, seq, id}
+      spans[owner] = {1, id, id}
     else
       span[1] = span[1] + 1
-      if ms < span[2] or (ms == span[2] and seq < span[3]) then
-        span[2], span[3], span[4] = ms, seq, id
-      elseif ms > span[5] or (ms == span[5] and seq > span[6]) then
-        span[5], span[6], span[7] = ms, seq, id
-      end
+      span[3] = id
     end
   end
   local function rows_of(owner, span)
+    local lo, hi = span[2], span[3]
+    if before(hi, lo) then lo, hi = hi, lo end
     local limit = span[1] * 2 + 8
-    local rows = redis.call('XPENDING', s, g, span[4], span[7], limit, owner)
+    local rows = redis.call('XPENDING', s, g, lo, hi, limit, owner)
     local mine = {}
     for _, p in ipairs(rows) do mine[p[1]] = p[4] end
-    return {mine, #rows < limit}
+    return {mine, #rows < limit, lo, hi}
+  end
+  -- Whether a range of rows_of is known to hold every pending entry of the owner at id.
+  local function covers(got, id)
+    return got[2] and not before(id, got[3]) and not before(got[4], id)
   end
   local found, moved = {}, {}
   for owner, span in pairs(spans) do found[owner] = rows_of(owner, span) end
-  local ids, owners, flags = {}, {}, {}
+  local ids, owners, flags, lost = {}, {}, {}, 0
   for i = 1, n do
     local id, owner = rid[i], rowner[i]
     local got = found[owner]
     local c = got[1][id]
     if c == nil then
       local base = base_of(owner)
-      if got[2] and base ~= owner then
+      if base ~= owner and covers(got, id) then
         -- Renewed: its base holds it now (looked up over the same range, once).
         got = moved[owner]
         if not got then
@@ -120,7 +131,7 @@ local function fence(s, g, life, text, now)
         end
         c = got[1][id]
       end
-      if c == nil and not got[2] then
+      if c == nil and not covers(got, id) then
         local p = redis.call('XPENDING', s, g, id, id, 1)[1]
         if p and (p[2] == owner or p[2] == base) then c = p[4] end
       end
@@ -136,8 +147,10 @@ local function fence(s, g, life, text, now)
       flags[i] = '1'
     else
       flags[i] = '0'
+      lost = lost + 1
     end
   end
+  if lost == 0 then return ids, owners, string.rep('1', n) end
   return ids, owners, table.concat(flags)
 end
 local function claim(s, g, ids, owners, idle, to)

@@ -244,6 +244,42 @@ def test_a_bare_xack_is_not_fenced_but_complete_is(queue: Queue, server: LocalRe
     client.xadd(stream, {"b": b"x"})  # (the raw XACK above emptied the PEL entry)
 
 
+def test_new_entries_are_leased_by_a_fresh_consumer_and_stay_fenced_when_renewed(
+    queue: Queue, server: LocalRedis
+) -> None:
+    """A receive reads new entries as ``consumer.fMS`` (no XCLAIM); renewing moves one to
+    ``consumer``; the lapsed one is taken back with its delivery counted; stale receipts fail."""
+    client = _client(server)
+    stream = f"leasekit:{{{queue.name}}}:messages"
+    queue.send_many([b"kept", b"lapses"])
+    xclaims = client.info("commandstats").get("cmdstat_xclaim", {"calls": 0})["calls"]
+    kept, lapses = queue.lease(2, duration=0.05)
+    assert client.info("commandstats").get("cmdstat_xclaim", {"calls": 0})["calls"] == xclaims
+    fresh = kept.receipt.split("/")[2]
+    assert fresh.endswith(".f50") and lapses.receipt.split("/")[2] == fresh
+    kept.renew(30)  # moved to the driver's own consumer; the receipt is unchanged
+    entry = kept.receipt.split("/")[0]
+    [row] = client.xpending_range(stream, "leasekit", entry, entry, 1)
+    assert row["consumer"].decode() == fresh.rsplit(".f", 1)[0]
+    assert row["times_delivered"] == 1
+    deadline = time.monotonic() + 5
+    while queue.stats().visible != 1 and time.monotonic() < deadline:
+        time.sleep(0.01)  # polling the lapse of a 50 ms lease, with a deadline
+    assert queue.stats().visible == 1 and queue.stats().leased == 1
+    with leasekit.open(server.url(), queue=queue.name) as other:
+        [again] = other.lease(10, duration=30)
+        assert again.message.id == lapses.message.id and again.message.delivery_count == 2
+        with pytest.raises(LeaseLost):
+            lapses.complete()
+        again.complete()
+        other_consumer = again.receipt.split("/")[2]
+    # Closed while they held nothing: the other driver's consumer and fresh consumer go.
+    names = [c["name"].decode() for c in client.xinfo_consumers(stream, "leasekit")]
+    assert f"{other_consumer}.f30000" not in names and other_consumer not in names
+    kept.complete()  # the renewed fresh receipt still names the entry
+    assert queue.stats().total == 0
+
+
 def test_each_batch_is_one_script_call(queue: Queue, server: LocalRedis) -> None:
     client = _client(server)
     queue.send_many([b"%d" % i for i in range(100)])
