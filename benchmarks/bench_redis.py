@@ -17,8 +17,10 @@ in one process:
   (two round trips per batch, unfenced: a late ``XACK`` of an entry another
   consumer holds now succeeds);
 * ``leasekit``: ``queue.lease(B, duration=30)`` then ``queue.complete_many``
-  (two script calls per batch: the receive sets each entry's lease, the
-  complete checks each entry's owner and delivery count before it acts).
+  (two script calls per batch: the receive reads new entries as a fresh
+  consumer named for the lease, so their idle time is their lease with nothing
+  set per entry; the complete checks each entry's owner and delivery count
+  before it acts).
 
 Rounds alternate (raw, leasekit, raw, ...), each on a freshly filled stream
 (filling is not timed); it prints msg/s per side and round, the ratio

@@ -13,10 +13,13 @@ Delivery semantics:
     queue shares one ``{hash tag}`` (``leasekit:{jobs}:messages`` ...), so a
     cluster would keep it on one slot (the driver talks to one server: Redis
     Cluster's redirections are refused). A lease is the entry's idle time in the
-    group's pending list: a receive or renew sets it to ``threshold - duration``
-    (``XCLAIM ... IDLE ... JUSTID``, which counts no delivery), and the next
-    receive takes an entry whose idle time reached the threshold back with
-    ``XAUTOCLAIM`` (counting a delivery). A receipt names the entry, the consumer
+    group's pending list: a receive reads new entries as a fresh consumer named
+    for the lease (``consumer.fMS``), so their idle time is the lease with nothing
+    set per entry; a renew, or a receive taking an entry back, sets it to
+    ``threshold - duration`` (``XCLAIM ... IDLE ... JUSTID``, which counts no
+    delivery) for the driver's own consumer. The next receive takes a lapsed
+    entry back (``XAUTOCLAIM`` past the threshold; a fresh consumer's oldest
+    entries past its MS), counting a delivery. A receipt names the entry, the consumer
     and the delivery count; every settling operation (renew, complete, abandon,
     dead-letter, checkpoint) is one Lua script per batch that checks both with
     ``XPENDING`` before it acts, so a stale receipt is refused (``LeaseLost``)

@@ -109,9 +109,8 @@ local function fence(s, g, life, text, now)
     for _, p in ipairs(rows) do mine[p[1]] = p[4] end
     return {mine, #rows < limit, lo, hi}
   end
-  -- Whether a range of rows_of is known to hold every pending entry of the owner at id.
-  local function covers(got, id)
-    return got[2] and not before(id, got[3]) and not before(got[4], id)
+  local function within(got, id)
+    return not before(id, got[3]) and not before(got[4], id)
   end
   local found, moved = {}, {}
   for owner, span in pairs(spans) do found[owner] = rows_of(owner, span) end
@@ -121,17 +120,19 @@ local function fence(s, g, life, text, now)
     local got = found[owner]
     local c = got[1][id]
     if c == nil then
-      local base = base_of(owner)
-      if base ~= owner and covers(got, id) then
+      local base, whole = base_of(owner), got[2]
+      if base ~= owner then
         -- Renewed: its base holds it now (looked up over the same range, once).
-        got = moved[owner]
-        if not got then
-          got = rows_of(base, spans[owner])
-          moved[owner] = got
+        local m = moved[owner]
+        if not m then
+          m = rows_of(base, spans[owner])
+          moved[owner] = m
         end
-        c = got[1][id]
+        c = m[1][id]
+        whole = whole and m[2]
       end
-      if c == nil and not covers(got, id) then
+      -- Not in a complete range that spans it: look it up alone.
+      if c == nil and not (whole and within(got, id)) then
         local p = redis.call('XPENDING', s, g, id, id, 1)[1]
         if p and (p[2] == owner or p[2] == base) then c = p[4] end
       end
