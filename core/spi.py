@@ -347,7 +347,8 @@ class QueueStats:
     #: Seconds since the oldest message still in the queue (any state, dead letters
     #: not included) was sent; ``None`` when the queue is empty or the backend cannot
     #: tell (``capabilities.reports_oldest_age``). How far a backlog reaches back.
-    oldest_age: float | None = None
+    #: A reading of time, not a count: two stats with the same counts compare equal.
+    oldest_age: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

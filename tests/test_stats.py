@@ -102,9 +102,8 @@ def test_stats_add_up_the_total_of_the_three_states(broker: MemoryBroker) -> Non
     queue.send(b"leased")
     queue.lease(1, duration=30)
     stats = queue.stats()
-    assert dataclasses.replace(stats, oldest_age=None) == QueueStats(
-        visible=1, leased=1, delayed=1, dead_lettered=0, total=3
-    )
+    assert stats == QueueStats(visible=1, leased=1, delayed=1, dead_lettered=0, total=3)
+    assert stats.oldest_age is not None  # not compared: a reading of time, not a count
 
 
 def test_only_the_declared_counts_are_filled(broker: MemoryBroker) -> None:
