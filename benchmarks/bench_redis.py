@@ -32,7 +32,12 @@ lease of ``--lease`` seconds; each receive's leases handed over in one
 ``add_many`` as the consumers do, or with ``--add each`` one ``add`` per lease,
 so renewal batches mix receive batches) for a while and reports leases lost, messages
 visible again (lapsed), renewal lateness, renewals and renewal calls (batches
-of up to 500, one script each), the client's CPU and the server's memory.
+of up to 500, one script each), the client's CPU and the server's memory; and,
+over the whole run (the keeper keeps only its last 100,000-200,000 lateness
+samples), the worst renewal backlog ``keeper.progress()`` showed (sampled every
+500 ms: it walks every held lease), the worst oversleep of that sampling thread
+(the process not getting to run) and the full GC collections and the longest
+(every thread waits for one).
 
 ``longjobs`` is the difference users care about: J jobs whose handlers run 3×
 the reclaim timeout, on two workers. taskiq-redis's ``RedisStreamBroker`` has
@@ -57,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import resource
 import statistics
 import time
@@ -169,12 +175,33 @@ def hold(args: argparse.Namespace) -> None:
                     for lease in batch:
                         keeper.add(lease)
                 leases.extend(batch)
+            pauses: list[float] = []  # full GC collections: every thread waits for them
+            began = [0.0]
+
+            def timed(phase: str, info: dict[str, int]) -> None:
+                if info["generation"] == 2:
+                    if phase == "start":
+                        began[0] = time.perf_counter()
+                    else:
+                        pauses.append(time.perf_counter() - began[0])
+
+            gc.callbacks.append(timed)
             start_cpu, start = _cpu(), time.monotonic()
             renewed_before, calls_before = keeper.stats.renewed, keeper.stats.renew_calls
             lapsed = 0
+            # The worst renewal backlog seen (oldest overdue, s; how many; when) and
+            # the worst overshoot of this thread's own sleep (the process not running).
+            backlog, overshoot, counted = (0.0, 0, 0.0), (0.0, 0.0), start
             while time.monotonic() - start < args.seconds:
-                time.sleep(1.0)  # sampling interval of the check below
-                lapsed = max(lapsed, int(queue.stats().visible or 0))
+                before = time.monotonic()
+                time.sleep(0.5)  # sampling interval of the checks below
+                now = time.monotonic()
+                overshoot = max(overshoot, (now - before - 0.5, now - start))
+                progress = keeper.progress()
+                backlog = max(backlog, (progress.oldest_overdue, progress.overdue, now - start))
+                if now - counted >= 1.0:
+                    counted = now
+                    lapsed = max(lapsed, int(queue.stats().visible or 0))
             used = _cpu() - start_cpu
             stats = keeper.stats
             lost = max(stats.lost, sum(1 for lease in leases if lease.lost.is_set()))
@@ -189,6 +216,13 @@ def hold(args: argparse.Namespace) -> None:
                 f"max={stats.lateness_percentile(1.0) * 1000:.1f} ms; client CPU {used:.1f} s "
                 f"({used / max(renewed, 1) * 1e6:.1f} us/renewal); server memory {memory}"
             )
+            print(
+                f"  over the whole run: worst backlog {backlog[1]:,} renewals overdue, the oldest "
+                f"by {backlog[0] * 1000:.0f} ms (at {backlog[2]:.1f} s); worst oversleep of a "
+                f"500 ms sleep {overshoot[0] * 1000:.0f} ms (at {overshoot[1]:.1f} s); full GC "
+                f"collections {len(pauses)}, longest {max(pauses, default=0) * 1000:.0f} ms"
+            )
+            gc.callbacks.remove(timed)
             keeper.stop()
             queue.complete_many(leases)
             queue.delete_queue()
