@@ -81,3 +81,38 @@ def test_core_has_no_import_circle_at_run_time(tmp_path: Path) -> None:
             if graph.chain_exists(imported=module, importer=imported):
                 circles.append(f"{module} -> {imported} -> ... -> {module}")
     assert circles == []
+
+
+#: The longest a backend module may be: a vendor reads one in a sitting.
+MAX_BACKEND_LINES = 900
+#: What every driver implements (abstract in ``leasekit.spi.Driver``), in reading order.
+REQUIRED = ("send", "receive", "change_visibility", "delete", "create_queue", "delete_queue")
+
+
+def _backend_modules() -> list[Path]:
+    return sorted(p for p in (ROOT / "backends").rglob("*.py") if "__pycache__" not in p.parts)
+
+
+@pytest.mark.parametrize("path", _backend_modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_backend_module_is_under_900_lines(path: Path) -> None:
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_BACKEND_LINES, f"{path.name}: {lines} lines; split it along its seams"
+
+
+def test_each_driver_class_opens_with_the_spis_required_methods() -> None:
+    import ast
+
+    checked = []
+    for path in _backend_modules():
+        for node in ast.parse(path.read_text()).body:
+            if not isinstance(node, ast.ClassDef):
+                continue
+            methods = [n.name for n in node.body if isinstance(n, ast.FunctionDef)]
+            if not set(REQUIRED) <= set(methods):
+                continue  # not a driver, or a subclass overriding a few methods
+            public = [m for m in methods if not m.startswith("_") and m != "options_from_url"]
+            assert tuple(public[: len(REQUIRED)]) == REQUIRED, (
+                f"{path.relative_to(ROOT)}: {node.name} opens with {public[: len(REQUIRED)]}"
+            )
+            checked.append(node.name)
+    assert len(checked) >= 9, checked  # every built-in backend's driver

@@ -350,11 +350,6 @@ class RedisDriver(Driver):
     def __repr__(self) -> str:
         return f"<RedisDriver {self._server.where} queue={self.queue!r}>"
 
-    # --------------------------------------------------------------- messages
-
-    def _run(self, script: str, args: Sequence[Any]) -> Any:
-        return self._server.run(script, self._keys, args)
-
     def send(self, messages: Sequence[OutgoingMessage]) -> list[str | BaseException]:
         """Append the messages (a delayed one to the delayed set) in one script."""
         args: list[Any] = [len(messages)]
@@ -392,6 +387,46 @@ class RedisDriver(Driver):
             return []
         rows = self._receive(max_messages, visibility)
         return rows if isinstance(rows, list) else []
+
+    def change_visibility(
+        self, receipts: Sequence[str], seconds: float
+    ) -> list[Visibility | BaseException]:
+        """Set each held entry's idle time so its lease ends ``seconds`` from now."""
+        until = to_datetime(time.time() + seconds)
+        return self._fenced(
+            scripts.RENEW,
+            receipts,
+            [THRESHOLD_MS - _ms(seconds)],
+            lambda receipt: Visibility(receipt, until),
+        )
+
+    def delete(self, receipts: Sequence[str]) -> list[BaseException | None]:
+        """Acknowledge and delete each held entry (and its checkpoint)."""
+        flag = "1" if self._server.ackdel else "0"
+        return self._fenced(scripts.COMPLETE, receipts, [flag], lambda receipt: None)
+
+    # ------------------------------------------------------------------ admin
+
+    def create_queue(self) -> None:
+        """Create the stream and its group (and the dead-letter stream's); fine if they exist."""
+        client = self._server.client(call_timeout(DEFAULT_TIMEOUT))
+        self._server.check(client, self._keys[0])
+        for key in (self._keys[0], self._keys[6]):
+            try:
+                client.xgroup_create(key, GROUP, id="0", mkstream=True)
+            except redis.exceptions.ResponseError as exc:
+                if not str(exc).startswith("BUSYGROUP"):
+                    raise
+
+    def delete_queue(self) -> None:
+        """Delete every key of the queue (its messages, dead letters and checkpoints)."""
+        client = self._server.client(call_timeout(DEFAULT_TIMEOUT))
+        client.delete(*self._keys, *_keys(self._base, "dead-")[:6])
+
+    # --------------------------------------------------------------- messages
+
+    def _run(self, script: str, args: Sequence[Any]) -> Any:
+        return self._server.run(script, self._keys, args)
 
     def _receive(self, max_messages: int, visibility: float) -> list[RawMessage] | str:
         """The receive script: the messages, or (none) ``"last-id due-in-ms"``."""
@@ -463,28 +498,11 @@ class RedisDriver(Driver):
             return [ok(r) for r in receipts]
         return [ok(r) if r in done else _lost(r) for r in receipts]
 
-    def change_visibility(
-        self, receipts: Sequence[str], seconds: float
-    ) -> list[Visibility | BaseException]:
-        """Set each held entry's idle time so its lease ends ``seconds`` from now."""
-        until = to_datetime(time.time() + seconds)
-        return self._fenced(
-            scripts.RENEW,
-            receipts,
-            [THRESHOLD_MS - _ms(seconds)],
-            lambda receipt: Visibility(receipt, until),
-        )
-
     def abandon(self, receipts: Sequence[str], delay: float) -> list[BaseException | None]:
         """Hand each held entry to the parked consumer, reclaimable after ``delay``."""
         return self._fenced(
             scripts.ABANDON, receipts, [PARKED, THRESHOLD_MS - _ms(delay)], lambda receipt: None
         )
-
-    def delete(self, receipts: Sequence[str]) -> list[BaseException | None]:
-        """Acknowledge and delete each held entry (and its checkpoint)."""
-        flag = "1" if self._server.ackdel else "0"
-        return self._fenced(scripts.COMPLETE, receipts, [flag], lambda receipt: None)
 
     def checkpoint(
         self, entries: Sequence[CheckpointEntry], seconds: float
@@ -558,24 +576,6 @@ class RedisDriver(Driver):
             max_message_size=self.capabilities.max_message_size,
             _server=self._server,
         )
-
-    # ------------------------------------------------------------------ admin
-
-    def create_queue(self) -> None:
-        """Create the stream and its group (and the dead-letter stream's); fine if they exist."""
-        client = self._server.client(call_timeout(DEFAULT_TIMEOUT))
-        self._server.check(client, self._keys[0])
-        for key in (self._keys[0], self._keys[6]):
-            try:
-                client.xgroup_create(key, GROUP, id="0", mkstream=True)
-            except redis.exceptions.ResponseError as exc:
-                if not str(exc).startswith("BUSYGROUP"):
-                    raise
-
-    def delete_queue(self) -> None:
-        """Delete every key of the queue (its messages, dead letters and checkpoints)."""
-        client = self._server.client(call_timeout(DEFAULT_TIMEOUT))
-        client.delete(*self._keys, *_keys(self._base, "dead-")[:6])
 
     # ----------------------------------------------------------------- errors
 
