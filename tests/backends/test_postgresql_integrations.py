@@ -2,7 +2,7 @@
 
 The Consumer rides out faults on PostgreSQL in ``test_postgresql_faults.py`` and
 competes across processes in ``test_postgresql_processes.py``; Spark's source,
-sink and task consumers are in ``tests/spark/test_spark_postgresql.py``.
+sink and task consumers are in ``tests/spark/test_spark_network_backends.py``.
 """
 
 from __future__ import annotations
