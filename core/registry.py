@@ -341,7 +341,8 @@ def _check_options(cls: type[Driver], options: dict[str, Any], where: str) -> No
     if unknown:
         raise InvalidURL(
             f"{where!r}: unknown option(s) {', '.join(unknown)} for backend "
-            f"{cls.scheme or cls.__name__!r}; it takes: {', '.join(accepted)}"
+            f"{cls.scheme or cls.__name__!r}; it takes: "
+            + ", ".join(n for n in accepted if not n.startswith("_"))  # private ones unnamed
         )
     missing = [
         n
