@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 import pytest
+from _fixtures._otel import send_and_process_spans
 from typer.testing import CliRunner
 
 import leasekit
@@ -52,30 +53,7 @@ def test_an_async_consumer_handles_every_message_once(url: str) -> None:
 
 
 def test_otel_spans_name_postgresql_and_carry_the_trace_through_the_table(url: str) -> None:
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    from leasekit.plugins import otel
-
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    registry = leasekit.BackendRegistry()
-    otel.instrument(provider, registry=registry)
-    try:
-        with registry.open(url, create=True) as queue:
-            with provider.get_tracer("test").start_as_current_span("request"):
-                queue.send(b"traced")
-            stats = leasekit.Consumer(queue, lambda m: None, handle_signals=False).run(
-                until_idle=True
-            )
-            assert stats.completed == 1
-    finally:
-        otel.uninstrument(registry)
-        provider.shutdown()
-    spans = {s.name.split()[0]: s for s in exporter.get_finished_spans()}
-    send, process = spans["send"], spans["process"]
+    send, process = send_and_process_spans(url)
     assert send.attributes is not None and process.attributes is not None
     assert send.attributes["messaging.system"] == "postgresql"
     assert process.attributes["messaging.system"] == "postgresql"
