@@ -29,6 +29,9 @@ from ._process import LOOPBACK, ServerProcess, free_port
 
 __all__ = ["LocalRedis", "server_binary"]
 
+#: An opt-in environment variable naming the ``redis-server`` binary to run.
+REDIS_SERVER_ENV = "LEASEKIT_REDIS_SERVER"
+
 #: Seconds to wait for a shutdown before killing the server.
 STOP_GRACE = 10.0
 
@@ -37,8 +40,16 @@ def server_binary(kind: str) -> str:
     """The server binary for ``kind`` (``"redis"`` or ``"valkey"``).
 
     Raises :class:`FileNotFoundError` naming what to install if it is missing.
+    For ``"redis"``, the environment variable ``LEASEKIT_REDIS_SERVER`` (opt-in)
+    names another ``redis-server`` binary to run instead of Debian's (a Redis 8
+    build, to test the ``XACKDEL`` path: docs/backends/redis.md).
     """
     if kind == "redis":
+        chosen = os.environ.get(REDIS_SERVER_ENV)
+        if chosen:
+            if not os.access(chosen, os.X_OK):
+                raise FileNotFoundError(f"{REDIS_SERVER_ENV}={chosen!r} is not an executable")
+            return chosen
         found = shutil.which("redis-server")
         if found is None:
             raise FileNotFoundError("redis-server is not installed: apt-get install redis-server")

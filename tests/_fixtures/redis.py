@@ -8,6 +8,12 @@ persistence (fast), is started on first use, shared by the session (one per
 xdist worker) and stopped at its end. Tests use unique queue names, so nothing
 needs flushing. A test that restarts or reconfigures a server uses
 ``redis_private`` (durable: ``appendonly yes``, ``appendfsync always``).
+
+Opt-in: ``LEASEKIT_REDIS_SERVER=/path/to/redis-server`` runs that binary
+wherever these fixtures and the tests start a ``"redis"`` server (read by
+:func:`leasekit.emulators.redis.server_binary`), e.g. a Redis 8.2 to test the
+``XACKDEL`` path; unset, it is Debian's. docs/backends/redis.md says where a
+Redis 8 binary comes from and what was measured on it.
 """
 
 from __future__ import annotations
