@@ -145,6 +145,18 @@ def _parse(receipt: str) -> tuple[str, str, str] | None:
     return entry, owner, count
 
 
+def _flag(value: bool | str, name: str) -> bool:
+    """A yes/no option: a bool, or ``1``/``true``/``yes`` and ``0``/``false``/``no``."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).lower()
+    if text in ("1", "true", "yes"):
+        return True
+    if text in ("0", "false", "no", ""):
+        return False
+    raise InvalidURL(f"redis: {name} must be 1 or 0 (true or false), got {value!r}")
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -192,9 +204,35 @@ class _Server:
                     self._clients[step] = client
         return client
 
+    def call(self, key: str, fn: Callable[[redis.Redis], T], timeout: float | None = None) -> T:
+        """``fn(client)`` on the server that holds ``key``, within the call's deadline.
+
+        A single server answering ``MOVED``/``ASK`` is a cluster node: refused
+        with a hint (a cluster URL routes instead: :class:`.cluster.ClusterServer`).
+        """
+        client = self.client(call_timeout(DEFAULT_TIMEOUT) if timeout is None else timeout)
+        try:
+            return fn(client)
+        except redis.exceptions.AskError as exc:  # MOVED too
+            raise DriverError(
+                ErrorCode.UNSUPPORTED,
+                f"redis {self.where} is a Redis Cluster node that does not serve the key's "
+                "slot: open the queue with ?cluster=1 (docs/backends/redis.md, Redis Cluster)",
+                backend_code=_word(exc),
+            ) from exc
+
     def run(self, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """Run ``script`` (EVALSHA; EVAL if the server lacks it) within the call's deadline."""
-        client = self.client(call_timeout(DEFAULT_TIMEOUT))
+        """Run ``script`` on ``keys`` (one slot) within the call's deadline."""
+        return self.call(keys[0], lambda client: self.eval(client, script, keys, args))
+
+    def eval(
+        self, client: redis.Redis, script: str, keys: Sequence[str], args: Sequence[Any]
+    ) -> Any:
+        """EVALSHA; a server without the script loads it (``SCRIPT LOAD``) and runs it by sha.
+
+        Not ``EVAL``: after a cluster's ``ASK`` only the next command is let in,
+        and ``SCRIPT LOAD`` names no key, so the retried ``EVALSHA`` finds it.
+        """
         self.check(client, keys[0])
         sha = self._shas.get(script)
         if sha is None:
@@ -202,7 +240,8 @@ class _Server:
         try:
             return client.evalsha(sha, len(keys), *keys, *args)
         except redis.exceptions.NoScriptError:
-            return client.eval(script, len(keys), *keys, *args)
+            client.script_load(script)
+            return client.evalsha(sha, len(keys), *keys, *args)
 
     def check(self, client: redis.Redis, key: str) -> None:
         """On first use: warn if the server may evict keys, and see whether it has XACKDEL.
@@ -211,14 +250,13 @@ class _Server:
         """
         if self._checked:
             return
-        self._checked = True
+        ackdel = client.eval(scripts.HAS_ACKDEL, 1, key, GROUP) == 1
         try:
             policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
         except redis.exceptions.ResponseError:  # CONFIG refused (a managed service): no check
             policy = None
-        except BaseException:
-            self._checked = False
-            raise
+        self.ackdel = ackdel
+        self._checked = True
         if policy is not None and policy != "noeviction":
             log.warning(
                 "redis %s: maxmemory-policy is %r, so the server may evict a queue's keys "
@@ -226,7 +264,6 @@ class _Server:
                 self.where,
                 policy,
             )
-        self.ackdel = client.eval(scripts.HAS_ACKDEL, 1, key, GROUP) == 1
 
     @property
     def used(self) -> bool:
@@ -254,6 +291,8 @@ class RedisDriver(Driver):
         prefix: the first part of every key (``leasekit``).
         max_message_size: the largest body in bytes.
         connect_timeout: seconds to wait for a connection.
+        cluster: the server is a Redis Cluster node (the seed): route each queue's
+            calls to the node serving its slot, following ``MOVED``/``ASK``.
     """
 
     scheme = "redis"
@@ -275,6 +314,7 @@ class RedisDriver(Driver):
         prefix: str = "leasekit",
         max_message_size: int | str = 1024 * 1024,
         connect_timeout: float | str = CONNECT_TIMEOUT,
+        cluster: bool | str = False,
         _server: _Server | None = None,
     ) -> None:
         if not isinstance(queue, str) or not queue:
@@ -305,7 +345,10 @@ class RedisDriver(Driver):
             number = as_int(port, "port", minimum=1, maximum=65535)
             database = as_int(db, "db", minimum=0, maximum=1 << 20)
             connect = as_float(connect_timeout, "connect_timeout", minimum=0.001, maximum=3600)
-            use_ssl = ssl if isinstance(ssl, bool) else str(ssl).lower() in ("1", "true", "yes")
+            use_ssl = _flag(ssl, "ssl")
+            in_cluster = _flag(cluster, "cluster")
+            if in_cluster and database != 0:
+                raise InvalidURL(f"redis: a cluster has only database 0 (got db={database})")
             params: dict[str, Any] = {
                 "host": host,
                 "port": number,
@@ -320,7 +363,12 @@ class RedisDriver(Driver):
                     params["ssl_ca_certs"] = as_text(ssl_ca_certs, "ssl_ca_certs")
             where = f"{'rediss' if use_ssl else 'redis'}://{host}:{number}/{database}"
             install_log_redaction(SDK_LOGGERS)
-            _server = _Server(params, where, connect)
+            if in_cluster:
+                from .cluster import ClusterServer  # here: cluster.py subclasses _Server
+
+                _server = ClusterServer(params, f"{where}?cluster=1", connect)
+            else:
+                _server = _Server(params, where, connect)
         self._server = _server
 
     @classmethod
@@ -378,12 +426,15 @@ class RedisDriver(Driver):
         block = min(wait, BLOCK_MAX)
         if int(due_in) >= 0:
             block = min(block, int(due_in) / 1000)
-        client = self._server.client(call_timeout(DEFAULT_TIMEOUT))
-        socket_timeout = client.connection_pool.connection_kwargs["socket_timeout"]
-        block = min(block, socket_timeout - BLOCK_MARGIN)
-        if block < MIN_BLOCK:
-            return []
-        if not client.xread({self._keys[0]: last}, count=1, block=round(block * 1000)):
+
+        def wait_for_send(client: redis.Redis) -> bool:
+            socket_timeout = client.connection_pool.connection_kwargs["socket_timeout"]
+            most = min(block, socket_timeout - BLOCK_MARGIN)
+            if most < MIN_BLOCK:
+                return False
+            return bool(client.xread({self._keys[0]: last}, count=1, block=round(most * 1000)))
+
+        if not self._server.call(self._keys[0], wait_for_send):
             return []
         rows = self._receive(max_messages, visibility)
         return rows if isinstance(rows, list) else []
@@ -409,19 +460,22 @@ class RedisDriver(Driver):
 
     def create_queue(self) -> None:
         """Create the stream and its group (and the dead-letter stream's); fine if they exist."""
-        client = self._server.client(call_timeout(DEFAULT_TIMEOUT))
-        self._server.check(client, self._keys[0])
-        for key in (self._keys[0], self._keys[6]):
-            try:
-                client.xgroup_create(key, GROUP, id="0", mkstream=True)
-            except redis.exceptions.ResponseError as exc:
-                if not str(exc).startswith("BUSYGROUP"):
-                    raise
+
+        def create(client: redis.Redis) -> None:
+            self._server.check(client, self._keys[0])
+            for key in (self._keys[0], self._keys[6]):
+                try:
+                    client.xgroup_create(key, GROUP, id="0", mkstream=True)
+                except redis.exceptions.ResponseError as exc:
+                    if not str(exc).startswith("BUSYGROUP"):
+                        raise
+
+        self._server.call(self._keys[0], create)
 
     def delete_queue(self) -> None:
         """Delete every key of the queue (its messages, dead letters and checkpoints)."""
-        client = self._server.client(call_timeout(DEFAULT_TIMEOUT))
-        client.delete(*self._keys, *_keys(self._base, "dead-")[:6])
+        keys = (*self._keys, *_keys(self._base, "dead-")[:6])
+        self._server.call(self._keys[0], lambda client: client.delete(*keys))
 
     # --------------------------------------------------------------- messages
 
@@ -544,10 +598,16 @@ class RedisDriver(Driver):
 
     def dead_letters(self, limit: int) -> list[DeadLetter]:
         """The oldest ``limit`` dead letters, read without taking them."""
-        client = self._server.client(call_timeout(DEFAULT_TIMEOUT))
-        if client.type(self._keys[0]) != b"stream":
+
+        def read(client: redis.Redis) -> Any:
+            if client.type(self._keys[0]) != b"stream":
+                return None
+            return client.xrange(self._keys[6], count=limit)
+
+        rows: list[Any] | None = self._server.call(self._keys[0], read)
+        if rows is None:
             self._run(scripts.STATS, [GROUP, PARKED, THRESHOLD_MS])  # raises the typed error
-        rows: list[Any] = client.xrange(self._keys[6], count=limit) or []
+        rows = rows or []
         return [_dead_letter(entry, dict(fields or {})) for entry, fields in rows]
 
     def dead_letter_store(self) -> RedisDeadLetters:
@@ -590,7 +650,7 @@ class RedisDriver(Driver):
         if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
             return ErrorCode.UNAVAILABLE
         if isinstance(exc, redis.exceptions.AskError):  # MOVED too: a cluster's redirection
-            return ErrorCode.UNSUPPORTED
+            return ErrorCode.UNSUPPORTED  # (a cluster URL follows them: cluster.py)
         if isinstance(exc, redis.exceptions.ResponseError):
             word = _word(exc)
             if word in ("NOQUEUE", "NOGROUP"):
@@ -615,15 +675,18 @@ class RedisDriver(Driver):
             return not isinstance(exc, redis.exceptions.AuthenticationError) and not _untrusted(exc)
         if isinstance(exc, redis.exceptions.ResponseError):
             return _word(exc) in _TRANSIENT
-        return False
+        # A cluster call redirected too often (resharding): cluster.py.
+        return isinstance(exc, DriverError) and exc.code is ErrorCode.UNAVAILABLE
 
     def close(self) -> None:
         """Drop this driver's consumer from the group if it holds nothing; close connections."""
         if self._server.used:
             try:
-                client = self._server.client(1.0)
-                client.eval(scripts.CLOSE, 1, self._keys[0], GROUP, self._consumer, *self._fresh)
-            except redis.exceptions.RedisError:
+                key, names = self._keys[0], (self._consumer, *self._fresh)
+                self._server.call(
+                    key, lambda client: client.eval(scripts.CLOSE, 1, key, GROUP, *names), 1.0
+                )
+            except (redis.exceptions.RedisError, DriverError):
                 pass  # best effort: an empty consumer left behind costs a few bytes
         if self._owns_server:
             self._server.close()
@@ -750,6 +813,10 @@ _CLASS_WORDS: tuple[tuple[type[BaseException], str], ...] = (
     (redis.exceptions.BusyLoadingError, "LOADING"),
     (redis.exceptions.NoPermissionError, "NOPERM"),
     (redis.exceptions.TryAgainError, "TRYAGAIN"),
+    (redis.exceptions.MasterDownError, "MASTERDOWN"),
+    (redis.exceptions.ClusterDownError, "CLUSTERDOWN"),
+    (redis.exceptions.MovedError, "MOVED"),
+    (redis.exceptions.AskError, "ASK"),
 )
 
 

@@ -1,0 +1,259 @@
+"""The Redis / Valkey backend on a real Redis Cluster (``?cluster=1``).
+
+``redis_cluster`` is three Debian redis-server 7.0 masters joined as one cluster
+(``tests/_fixtures/redis_cluster.py``). The conformance suite runs on it; the
+tests here check what is the cluster's own: queues land on the node serving
+their hash tag's slot, a slot moved under a held lease is followed (``MOVED``)
+and the lease is still renewed, completed and fenced there, a call made while
+the slot migrates is retried (``TRYAGAIN``) within its deadline, dead letters,
+redrive, stats and the CLI across slots, and the errors of a URL that does not
+match the server.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+from _fixtures.redis_cluster import LocalRedisCluster
+from typer.testing import CliRunner
+
+import leasekit
+from leasekit import InvalidArgument, InvalidURL, RetryPolicy, UnsupportedOperation
+from leasekit.cli import app
+from leasekit.conformance import ConformanceSuite, UrlHarness
+from leasekit.emulators.redis import LocalRedis
+from leasekit.queue import Queue
+from leasekit.spi import DriverError, ErrorCode
+
+# --------------------------------------------------------------- conformance
+
+
+class TestRedisClusterConformance(ConformanceSuite):
+    @pytest.fixture(scope="class")
+    @classmethod
+    def harness(cls, redis_cluster: LocalRedisCluster) -> Iterator[UrlHarness]:
+        harness = UrlHarness(redis_cluster.url())
+        yield harness
+        harness.close()
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _slot(name: str) -> int:
+    return int(redis.crc.key_slot(f"leasekit:{{{name}}}:messages".encode()))
+
+
+def _names_on_each_node(cluster: LocalRedisCluster) -> list[str]:
+    """One fresh queue name per node, each hashed to a slot that node serves."""
+    found: dict[int, str] = {}
+    while len(found) < len(cluster.nodes):
+        name = f"c-{uuid.uuid4().hex[:10]}"
+        found.setdefault(cluster.owner(_slot(name)), name)
+    return [found[i] for i in range(len(cluster.nodes))]
+
+
+def _keys_on(cluster: LocalRedisCluster, index: int, name: str) -> set[str]:
+    with cluster.client(index) as c:
+        return {k.decode() for k in c.keys(f"leasekit:{{{name}}}:*")}
+
+
+@pytest.fixture
+def queue(redis_cluster: LocalRedisCluster) -> Iterator[Queue]:
+    q = leasekit.open(redis_cluster.url(), queue=f"t-{uuid.uuid4().hex[:12]}", create=True)
+    try:
+        yield q
+    finally:
+        q.delete_queue()
+        q.close()
+
+
+# -------------------------------------------------------------------- layout
+
+
+def test_queues_with_different_tags_live_on_different_nodes(
+    redis_cluster: LocalRedisCluster,
+) -> None:
+    names = _names_on_each_node(redis_cluster)
+    url = redis_cluster.url()  # one seed: the first node
+    queues = [leasekit.open(url, queue=name, create=True) for name in names]
+    try:
+        for q in queues:
+            q.send(b"now", ttl=60)
+            q.send(b"later", delay=60)
+            q.send(b"poison")
+            first, second = q.lease(2, duration=30)
+            first.checkpoint(b"half")
+            second.dead_letter("bad")
+        for index, name in enumerate(names):
+            # Every key of the queue is on the node serving its slot, and nowhere else.
+            mine = _keys_on(redis_cluster, index, name)
+            assert f"leasekit:{{{name}}}:messages" in mine and len(mine) >= 6
+            others = [i for i in range(len(names)) if i != index]
+            assert all(not _keys_on(redis_cluster, i, name) for i in others)
+        for q in queues:
+            stats = q.stats()
+            assert (stats.leased, stats.delayed, stats.dead_lettered) == (1, 1, 1)
+            assert q.redrive() == 1
+            assert q.stats().visible == 1
+    finally:
+        for q in queues:
+            q.delete_queue()
+            q.close()
+
+
+# ---------------------------------------------------------- slots that move
+
+
+def test_a_held_lease_is_renewed_completed_and_fenced_after_its_slot_moved(
+    redis_cluster: LocalRedisCluster,
+) -> None:
+    name = f"m-{uuid.uuid4().hex[:10]}"
+    slot = _slot(name)
+    home = redis_cluster.owner(slot)
+    elsewhere = (home + 1) % len(redis_cluster.nodes)
+    with leasekit.open(redis_cluster.url(), queue=name, create=True) as q:
+        q.send_many([b"one", b"two"])
+        one, two = q.lease(2, duration=30)
+        redis_cluster.move_slot(slot, elsewhere)
+        try:
+            assert _keys_on(redis_cluster, home, name) == set()
+            # The driver still thinks the old node serves the slot: MOVED, followed.
+            with redis_cluster.client(elsewhere) as c:
+                before = c.info("commandstats").get("cmdstat_evalsha", {"calls": 0})["calls"]
+            one.renew(60)
+            with redis_cluster.client(elsewhere) as c:
+                after = c.info("commandstats").get("cmdstat_evalsha", {"calls": 0})["calls"]
+            assert after > before
+            one.complete()
+            # Still fenced on the new node: a settled or superseded receipt is refused.
+            [stale] = q.driver.delete([one.receipt])
+            assert isinstance(stale, DriverError) and stale.code is ErrorCode.LEASE_LOST
+            two.abandon()
+            [again] = q.lease(1, duration=30)
+            assert again.message.body == b"two" and again.message.delivery_count == 2
+            [stale] = q.driver.delete([two.receipt])
+            assert isinstance(stale, DriverError) and stale.code is ErrorCode.LEASE_LOST
+            again.complete()
+            assert q.stats().total == 0
+        finally:
+            q.delete_queue()
+            redis_cluster.move_slot(slot, home)
+
+
+def test_a_call_made_while_its_slot_migrates_is_retried_and_lands(
+    redis_cluster: LocalRedisCluster,
+) -> None:
+    """During the migration the queue's scripts get TRYAGAIN (some keys moved, some not)."""
+    name = f"g-{uuid.uuid4().hex[:10]}"
+    slot = _slot(name)
+    home = redis_cluster.owner(slot)
+    elsewhere = (home + 1) % len(redis_cluster.nodes)
+    patient = RetryPolicy(attempts=50, base=0.02, cap=0.05)
+    with leasekit.open(redis_cluster.url(), queue=name, create=True, retry=patient) as q:
+        q.send(b"x")
+        [lease] = q.lease(1, duration=30)
+        with redis_cluster.client(home) as c:
+            tryagain_before = _errors(c, "TRYAGAIN")
+        redis_cluster.start_migration(slot, elsewhere)
+        redis_cluster.migrate_keys(slot, elsewhere, [f"leasekit:{{{name}}}:messages"])
+        done = threading.Event()
+        failed: list[BaseException] = []
+
+        def renew() -> None:
+            try:
+                lease.renew(60)
+            except BaseException as exc:  # reported by the test below
+                failed.append(exc)
+            finally:
+                done.set()
+
+        worker = threading.Thread(target=renew)
+        worker.start()
+        try:
+            with redis_cluster.client(home) as c:
+                end = time.monotonic() + 10
+                while _errors(c, "TRYAGAIN") == tryagain_before and not done.is_set():
+                    assert time.monotonic() < end, "the renewal never met the migration"
+                    time.sleep(0.005)  # polling the server's error counter, with a deadline
+            assert not done.is_set(), f"the renewal ended during the migration: {failed}"
+        finally:
+            redis_cluster.finish_migration(slot, elsewhere)
+            worker.join(10)
+        assert done.is_set() and not failed, failed
+        assert _keys_on(redis_cluster, elsewhere, name)
+        lease.complete()
+        assert q.stats().total == 0
+        q.delete_queue()
+    redis_cluster.move_slot(slot, home)
+
+
+def _errors(client: redis.Redis, word: str) -> int:
+    stats = client.info("errorstats").get(f"errorstat_{word}", {"count": 0})
+    return int(stats["count"])
+
+
+# -------------------------------------------------------- across the slots
+
+
+def test_cli_send_and_stats_on_a_cluster_url(redis_cluster: LocalRedisCluster) -> None:
+    runner = CliRunner()
+    for name in _names_on_each_node(redis_cluster):
+        url = f"{redis_cluster.url()}&queue={name}"
+        result = runner.invoke(app, ["send", url, "hello", "--create"])
+        assert result.exit_code == 0, result.output
+        stats = runner.invoke(app, ["stats", url])
+        assert stats.exit_code == 0, stats.output
+        counts = {
+            cells[0]: cells[1]
+            for line in stats.output.splitlines()
+            if len(cells := [c.strip() for c in line.strip("│ ").split("│")]) == 2
+        }
+        assert counts["visible"] == "1" and counts["total"] == "1"
+        with leasekit.open(url) as q:
+            q.delete_queue()
+
+
+# -------------------------------------------------------------------- errors
+
+
+def test_a_cluster_node_without_cluster_1_is_unsupported_with_a_hint(
+    redis_cluster: LocalRedisCluster,
+) -> None:
+    node = redis_cluster.nodes[0]
+    name = next(
+        n
+        for n in (f"u-{uuid.uuid4().hex[:10]}" for _ in range(1000))
+        if redis_cluster.owner(_slot(n)) != 0
+    )
+    with leasekit.open(node.url(), queue=name) as q:
+        with pytest.raises(UnsupportedOperation) as info:
+            q.send(b"x")
+        assert "cluster=1" in str(info.value)
+
+
+def test_cluster_1_on_a_server_that_is_not_a_cluster_is_invalid_argument(
+    redis_server: LocalRedis,
+) -> None:
+    with leasekit.open(f"{redis_server.url()}?cluster=1", queue="nc") as q:
+        with pytest.raises(InvalidArgument) as info:
+            q.send(b"x")
+        assert "cluster" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("redis://127.0.0.1:1/3?queue=q&cluster=1", "database 0"),
+        ("redis://127.0.0.1:1/?queue=q&cluster=maybe", "cluster must be 1 or 0"),
+    ],
+)
+def test_bad_cluster_urls_are_refused_at_open(url: str, words: str) -> None:
+    with pytest.raises(InvalidURL) as info:
+        leasekit.open(url)
+    assert words in str(info.value)
