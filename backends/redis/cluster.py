@@ -146,12 +146,9 @@ class ClusterServer(_Server):
             try:
                 if not asking:
                     return fn(client)
-                # ASK: the next command on this connection may use the importing slot.
-                one = redis.Redis(
-                    connection_pool=client.connection_pool, single_connection_client=True
-                )
+                # ASK: one connection, each command let in by an ASKING before it.
+                one = _Asking(connection_pool=client.connection_pool, single_connection_client=True)
                 try:
-                    one.execute_command("ASKING")  # type: ignore[no-untyped-call]
                     return fn(one)
                 finally:
                     one.close()
@@ -188,6 +185,18 @@ class ClusterServer(_Server):
         for node in nodes:
             node.close()
         super().close()
+
+
+class _Asking(redis.Redis):
+    """A one-connection client sending ``ASKING`` before each command (to an ``ASK``'s target).
+
+    ``ASKING`` lets in only the next command, and a call may make several
+    (``TYPE`` then ``XRANGE``; ``EVALSHA``, ``SCRIPT LOAD``, ``EVALSHA``).
+    """
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        super().execute_command("ASKING")  # type: ignore[no-untyped-call]
+        return super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
 
 
 def _text(value: Any) -> str:

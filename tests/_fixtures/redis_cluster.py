@@ -6,7 +6,9 @@ its cluster-bus port, ``--cluster-port``), its own data directory and nodes
 file, no persistence. They are joined with ``CLUSTER MEET`` and the 16384 slots
 are split in three (``CLUSTER ADDSLOTSRANGE``); the fixture polls (with a
 deadline) until ``CLUSTER INFO`` says ``cluster_state:ok`` on every node and
-every node sees the same slot map. Masters only, no replicas. Started on first
+every node sees the same slot map. ``redis_cluster``'s first master has a
+replica (``CLUSTER REPLICATE``; a test fails over to it with ``CLUSTER
+FAILOVER`` and back); ``valkey_cluster`` is masters only. Started on first
 use, shared by the session (one per xdist worker), stopped at its end. Tests use
 unique queue names, so nothing needs flushing; a test that moves a slot moves
 it back (or uses a slot nothing else uses).
@@ -33,16 +35,19 @@ FORM_TIMEOUT = 30.0
 
 
 class LocalRedisCluster:
-    """Three cluster-enabled masters on loopback ports, joined and given a third of the slots each.
+    """Cluster-enabled masters on loopback ports, joined and given an equal share of the slots.
 
-    ``nodes`` are the servers (:class:`LocalRedis`), ``url()`` a cluster URL
-    naming the first as the seed.
+    ``nodes`` are the servers (:class:`LocalRedis`): the ``size`` masters, then
+    ``replicas`` replicas of the first masters (one each); ``url()`` is a
+    cluster URL naming the first as the seed.
     """
 
-    def __init__(self, kind: str = "redis", size: int = 3) -> None:
+    def __init__(self, kind: str = "redis", size: int = 3, replicas: int = 0) -> None:
         self.kind = kind
+        self.size = size
+        self.replicas = replicas
         self.nodes: list[LocalRedis] = []
-        for _ in range(size):
+        for _ in range(size + replicas):
             bus = free_port()
             node = LocalRedis(
                 kind,
@@ -54,9 +59,14 @@ class LocalRedisCluster:
                     "--cluster-port",
                     str(bus),
                     # Long enough that a loaded 2-core machine never marks a node failed
-                    # (with no replica, that would take the cluster down).
+                    # (a master without a replica failing takes the cluster down); a
+                    # failover in the tests is a manual one (CLUSTER FAILOVER).
                     "--cluster-node-timeout",
                     "15000",
+                    # A replica's first sync starts at once (not after 5 s of waiting
+                    # for more replicas to share a diskless transfer).
+                    "--repl-diskless-sync-delay",
+                    "0",
                 ),
             )
             node.bus_port = bus  # type: ignore[attr-defined]
@@ -99,6 +109,13 @@ class LocalRedisCluster:
                 return [n.port for n in self.nodes].index(port)
         raise LookupError(f"slot {slot} is not served")
 
+    def masters(self) -> list[int]:
+        """The indexes of the nodes serving slots, in slot order."""
+        with self.client(0) as c:
+            rows: Any = c.execute_command("CLUSTER", "SLOTS")
+        ports = [n.port for n in self.nodes]
+        return list(dict.fromkeys(ports.index(int(row[2][1])) for row in sorted(rows)))
+
     def start_migration(self, slot: int, to: int) -> None:
         """``CLUSTER SETSLOT slot IMPORTING`` on node ``to``, ``MIGRATING`` on its owner."""
         ids = self.node_ids()
@@ -127,6 +144,8 @@ class LocalRedisCluster:
         node_id = self.node_ids()[to]
         order = [to, *[i for i in range(len(self.nodes)) if i != to]]
         for i in order:
+            if self.role(i) != "master":
+                continue  # (a replica learns it from its master)
             with self.client(i) as c:
                 c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", node_id)
         end = time.monotonic() + FORM_TIMEOUT
@@ -156,17 +175,82 @@ class LocalRedisCluster:
                         node.port,
                         node.bus_port,  # type: ignore[attr-defined]
                     )
-            share = SLOTS // len(self.nodes)
-            for i in range(len(self.nodes)):
+            share = SLOTS // self.size
+            for i in range(self.size):
                 low = i * share
-                high = SLOTS - 1 if i == len(self.nodes) - 1 else (i + 1) * share - 1
+                high = SLOTS - 1 if i == self.size - 1 else (i + 1) * share - 1
                 with self.client(i) as c:
                     c.execute_command("CLUSTER", "ADDSLOTSRANGE", low, high)
+            ids = self.node_ids()
+            for r in range(self.replicas):
+                self._replicate(self.size + r, ids[r])
             self.wait_ok()
         except BaseException:
             self.close()
             raise
         return self
+
+    def _replicate(self, index: int, master_id: str) -> None:
+        """Make node ``index`` a replica of ``master_id`` once it has heard of that node."""
+        end = time.monotonic() + FORM_TIMEOUT
+        with self.client(index) as c:
+            while True:
+                try:
+                    c.execute_command("CLUSTER", "REPLICATE", master_id)
+                    return
+                except redis.exceptions.ResponseError:  # "Unknown node": gossip not there yet
+                    if time.monotonic() > end:
+                        raise
+                    time.sleep(0.02)
+
+    def role(self, index: int) -> str:
+        """``master`` or ``slave`` (the node's own word)."""
+        with self.client(index) as c:
+            reply: Any = c.execute_command("ROLE")
+            return str(reply[0].decode())
+
+    def synced(self, index: int, *, known: bool = False) -> bool:
+        """Whether replica ``index`` is connected to its master and has everything it sent.
+
+        ``known``: and the master's cluster view has it as its replica.
+        """
+        with self.client(index) as c:
+            info = c.info("replication")
+        if info.get("role") != "slave":
+            return False
+        with self.client(index) as c:
+            me = c.execute_command("CLUSTER", "MYID").decode()
+        with self.client([n.port for n in self.nodes].index(int(info["master_port"]))) as m:
+            offset = m.info("replication")["master_repl_offset"]
+            # The master's cluster view must know it as its replica too (gossip), or it
+            # ignores the replica's manual failover request.
+            master = m.execute_command("CLUSTER", "MYID").decode()
+            lines: Any = m.execute_command("CLUSTER", "REPLICAS", master)
+            seen = any(line.decode().startswith(me) for line in lines)
+        return bool(
+            (seen or not known)
+            and info.get("master_link_status") == "up"
+            and info.get("slave_repl_offset") == offset
+        )
+
+    def failover(self, replica: int, how: tuple[str, ...] = ()) -> None:
+        """``CLUSTER FAILOVER`` on ``replica`` (manual: no write lost); wait for every node.
+
+        ``how=("TAKEOVER",)`` takes over without the other masters' votes (a
+        fail-back right after a failover can wait seconds for them).
+        """
+        end = time.monotonic() + FORM_TIMEOUT
+        while not self.synced(replica, known="TAKEOVER" not in how):
+            if time.monotonic() > end:
+                raise TimeoutError(f"node {replica} did not sync with its master")
+            time.sleep(0.01)
+        with self.client(replica) as c:
+            c.execute_command("CLUSTER", "FAILOVER", *how)
+        while self.role(replica) != "master":
+            if time.monotonic() > end:
+                raise TimeoutError(f"node {replica} did not take over")
+            time.sleep(0.01)
+        self.wait_ok()
 
     def wait_ok(self, timeout: float = FORM_TIMEOUT) -> None:
         """Poll until every node says ``cluster_state:ok`` and sees the same slot map."""
@@ -187,7 +271,11 @@ class LocalRedisCluster:
                     rows: Any = c.execute_command("CLUSTER", "SLOTS")
                     maps.add(tuple(sorted((int(r[0]), int(r[1]), int(r[2][1])) for r in rows)))
             covered = len(maps) == 1 and sum(h - lo + 1 for lo, h, _ in next(iter(maps))) == SLOTS
-            if seen == ["ok"] * len(self.nodes) and covered:
+            replicated = all(
+                self.synced(self.size + r) or self.role(self.size + r) == "master"
+                for r in range(self.replicas)
+            )
+            if seen == ["ok"] * len(self.nodes) and covered and replicated:
                 return
             time.sleep(0.02)
         raise TimeoutError(f"the cluster did not form within {timeout} s: states {seen}")
@@ -205,8 +293,8 @@ class LocalRedisCluster:
 
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[LocalRedisCluster]:
-    """Three Debian redis-server masters as one Redis Cluster, for the whole session."""
-    with LocalRedisCluster("redis") as cluster:
+    """Three Debian redis-server masters, the first with a replica, as one cluster."""
+    with LocalRedisCluster("redis", replicas=1) as cluster:
         yield cluster
 
 

@@ -12,6 +12,7 @@ match the server.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -25,9 +26,8 @@ from typer.testing import CliRunner
 import leasekit
 from leasekit import InvalidArgument, InvalidURL, RetryPolicy, UnsupportedOperation
 from leasekit.cli import app
-from leasekit.conformance import ConformanceSuite, UrlHarness
+from leasekit.conformance import AsyncUrlHarness, ConformanceSuite, UrlHarness
 from leasekit.emulators.redis import LocalRedis
-from leasekit.queue import Queue
 from leasekit.spi import DriverError, ErrorCode
 
 # --------------------------------------------------------------- conformance
@@ -42,6 +42,36 @@ class TestRedisClusterConformance(ConformanceSuite):
         harness.close()
 
 
+#: The same suite through asyncio, and on a Valkey cluster: another 25 s each of
+#: mostly waiting for leases to lapse, on the same routing code (the asyncio
+#: harness runs the same driver in threads), so they run only when asked:
+#: ``LEASEKIT_CLUSTER_FULL=1``.
+full = pytest.mark.skipif(
+    not os.environ.get("LEASEKIT_CLUSTER_FULL"),
+    reason="opt-in (LEASEKIT_CLUSTER_FULL=1): the same routing as TestRedisClusterConformance",
+)
+
+
+@full
+class TestRedisClusterConformanceThroughAsyncio(ConformanceSuite):
+    @pytest.fixture(scope="class")
+    @classmethod
+    def harness(cls, redis_cluster: LocalRedisCluster) -> Iterator[AsyncUrlHarness]:
+        harness = AsyncUrlHarness(redis_cluster.url())
+        yield harness
+        harness.close()
+
+
+@full
+class TestValkeyClusterConformance(ConformanceSuite):
+    @pytest.fixture(scope="class")
+    @classmethod
+    def harness(cls, valkey_cluster: LocalRedisCluster) -> Iterator[UrlHarness]:
+        harness = UrlHarness(valkey_cluster.url().replace("redis://", "valkey://"))
+        yield harness
+        harness.close()
+
+
 # ------------------------------------------------------------------ helpers
 
 
@@ -50,12 +80,17 @@ def _slot(name: str) -> int:
 
 
 def _names_on_each_node(cluster: LocalRedisCluster) -> list[str]:
-    """One fresh queue name per node, each hashed to a slot that node serves."""
+    """One fresh queue name per master, each hashed to a slot that master serves."""
+    masters = cluster.masters()
     found: dict[int, str] = {}
-    while len(found) < len(cluster.nodes):
+    while len(found) < len(masters):
         name = f"c-{uuid.uuid4().hex[:10]}"
         found.setdefault(cluster.owner(_slot(name)), name)
-    return [found[i] for i in range(len(cluster.nodes))]
+    return [found[i] for i in masters]
+
+
+def _other_master(cluster: LocalRedisCluster, index: int) -> int:
+    return next(m for m in cluster.masters() if m != index)
 
 
 def _keys_on(cluster: LocalRedisCluster, index: int, name: str) -> set[str]:
@@ -63,24 +98,21 @@ def _keys_on(cluster: LocalRedisCluster, index: int, name: str) -> set[str]:
         return {k.decode() for k in c.keys(f"leasekit:{{{name}}}:*")}
 
 
-@pytest.fixture
-def queue(redis_cluster: LocalRedisCluster) -> Iterator[Queue]:
-    q = leasekit.open(redis_cluster.url(), queue=f"t-{uuid.uuid4().hex[:12]}", create=True)
-    try:
-        yield q
-    finally:
-        q.delete_queue()
-        q.close()
+@pytest.fixture(params=["redis", "valkey"])
+def cluster(request: pytest.FixtureRequest) -> LocalRedisCluster:
+    """Each session cluster in turn."""
+    found: LocalRedisCluster = request.getfixturevalue(f"{request.param}_cluster")
+    return found
 
 
 # -------------------------------------------------------------------- layout
 
 
 def test_queues_with_different_tags_live_on_different_nodes(
-    redis_cluster: LocalRedisCluster,
+    cluster: LocalRedisCluster,
 ) -> None:
-    names = _names_on_each_node(redis_cluster)
-    url = redis_cluster.url()  # one seed: the first node
+    names = _names_on_each_node(cluster)
+    url = cluster.url()  # one seed: the first node
     queues = [leasekit.open(url, queue=name, create=True) for name in names]
     try:
         for q in queues:
@@ -90,12 +122,12 @@ def test_queues_with_different_tags_live_on_different_nodes(
             first, second = q.lease(2, duration=30)
             first.checkpoint(b"half")
             second.dead_letter("bad")
-        for index, name in enumerate(names):
-            # Every key of the queue is on the node serving its slot, and nowhere else.
-            mine = _keys_on(redis_cluster, index, name)
+        masters = cluster.masters()
+        for index, name in zip(masters, names, strict=True):
+            # Every key of the queue is on the master serving its slot, on no other master.
+            mine = _keys_on(cluster, index, name)
             assert f"leasekit:{{{name}}}:messages" in mine and len(mine) >= 6
-            others = [i for i in range(len(names)) if i != index]
-            assert all(not _keys_on(redis_cluster, i, name) for i in others)
+            assert all(not _keys_on(cluster, i, name) for i in masters if i != index)
         for q in queues:
             stats = q.stats()
             assert (stats.leased, stats.delayed, stats.dead_lettered) == (1, 1, 1)
@@ -111,23 +143,23 @@ def test_queues_with_different_tags_live_on_different_nodes(
 
 
 def test_a_held_lease_is_renewed_completed_and_fenced_after_its_slot_moved(
-    redis_cluster: LocalRedisCluster,
+    cluster: LocalRedisCluster,
 ) -> None:
     name = f"m-{uuid.uuid4().hex[:10]}"
     slot = _slot(name)
-    home = redis_cluster.owner(slot)
-    elsewhere = (home + 1) % len(redis_cluster.nodes)
-    with leasekit.open(redis_cluster.url(), queue=name, create=True) as q:
+    home = cluster.owner(slot)
+    elsewhere = _other_master(cluster, home)
+    with leasekit.open(cluster.url(), queue=name, create=True) as q:
         q.send_many([b"one", b"two"])
         one, two = q.lease(2, duration=30)
-        redis_cluster.move_slot(slot, elsewhere)
+        cluster.move_slot(slot, elsewhere)
         try:
-            assert _keys_on(redis_cluster, home, name) == set()
+            assert _keys_on(cluster, home, name) == set()
             # The driver still thinks the old node serves the slot: MOVED, followed.
-            with redis_cluster.client(elsewhere) as c:
+            with cluster.client(elsewhere) as c:
                 before = c.info("commandstats").get("cmdstat_evalsha", {"calls": 0})["calls"]
             one.renew(60)
-            with redis_cluster.client(elsewhere) as c:
+            with cluster.client(elsewhere) as c:
                 after = c.info("commandstats").get("cmdstat_evalsha", {"calls": 0})["calls"]
             assert after > before
             one.complete()
@@ -143,25 +175,25 @@ def test_a_held_lease_is_renewed_completed_and_fenced_after_its_slot_moved(
             assert q.stats().total == 0
         finally:
             q.delete_queue()
-            redis_cluster.move_slot(slot, home)
+            cluster.move_slot(slot, home)
 
 
 def test_a_call_made_while_its_slot_migrates_is_retried_and_lands(
-    redis_cluster: LocalRedisCluster,
+    cluster: LocalRedisCluster,
 ) -> None:
     """During the migration the queue's scripts get TRYAGAIN (some keys moved, some not)."""
     name = f"g-{uuid.uuid4().hex[:10]}"
     slot = _slot(name)
-    home = redis_cluster.owner(slot)
-    elsewhere = (home + 1) % len(redis_cluster.nodes)
+    home = cluster.owner(slot)
+    elsewhere = _other_master(cluster, home)
     patient = RetryPolicy(attempts=50, base=0.02, cap=0.05)
-    with leasekit.open(redis_cluster.url(), queue=name, create=True, retry=patient) as q:
+    with leasekit.open(cluster.url(), queue=name, create=True, retry=patient) as q:
         q.send(b"x")
         [lease] = q.lease(1, duration=30)
-        with redis_cluster.client(home) as c:
+        with cluster.client(home) as c:
             tryagain_before = _errors(c, "TRYAGAIN")
-        redis_cluster.start_migration(slot, elsewhere)
-        redis_cluster.migrate_keys(slot, elsewhere, [f"leasekit:{{{name}}}:messages"])
+        cluster.start_migration(slot, elsewhere)
+        cluster.migrate_keys(slot, elsewhere, [f"leasekit:{{{name}}}:messages"])
         done = threading.Event()
         failed: list[BaseException] = []
 
@@ -176,26 +208,82 @@ def test_a_call_made_while_its_slot_migrates_is_retried_and_lands(
         worker = threading.Thread(target=renew)
         worker.start()
         try:
-            with redis_cluster.client(home) as c:
+            with cluster.client(home) as c:
                 end = time.monotonic() + 10
                 while _errors(c, "TRYAGAIN") == tryagain_before and not done.is_set():
                     assert time.monotonic() < end, "the renewal never met the migration"
                     time.sleep(0.005)  # polling the server's error counter, with a deadline
             assert not done.is_set(), f"the renewal ended during the migration: {failed}"
         finally:
-            redis_cluster.finish_migration(slot, elsewhere)
+            cluster.finish_migration(slot, elsewhere)
             worker.join(10)
         assert done.is_set() and not failed, failed
-        assert _keys_on(redis_cluster, elsewhere, name)
+        assert _keys_on(cluster, elsewhere, name)
         lease.complete()
         assert q.stats().total == 0
         q.delete_queue()
-    redis_cluster.move_slot(slot, home)
+    cluster.move_slot(slot, home)
 
 
 def _errors(client: redis.Redis, word: str) -> int:
     stats = client.info("errorstats").get(f"errorstat_{word}", {"count": 0})
     return int(stats["count"])
+
+
+def test_single_key_reads_follow_ask_while_the_slot_migrates(cluster: LocalRedisCluster) -> None:
+    """All of the slot's keys moved, the slot not yet handed over: the old node answers ASK."""
+    name = f"a-{uuid.uuid4().hex[:10]}"
+    slot = _slot(name)
+    home = cluster.owner(slot)
+    elsewhere = _other_master(cluster, home)
+    with leasekit.open(cluster.url(), queue=name, create=True) as q:
+        q.send(b"poison")
+        [lease] = q.lease(1, duration=30)
+        lease.dead_letter("bad")
+        cluster.start_migration(slot, elsewhere)
+        try:
+            cluster.migrate_keys(slot, elsewhere)
+            with cluster.client(elsewhere) as c:
+                asked = c.info("commandstats").get("cmdstat_asking", {"calls": 0})["calls"]
+            [letter] = q.peek_dead_letters()  # TYPE, then XRANGE: each let in by ASKING
+            assert letter.body == b"poison" and letter.reason == "bad"
+            with cluster.client(elsewhere) as c:
+                assert c.info("commandstats")["cmdstat_asking"]["calls"] >= asked + 2
+        finally:
+            cluster.finish_migration(slot, elsewhere)
+        assert q.redrive() == 1
+        [back] = q.lease(1, duration=30)
+        back.complete()
+        q.delete_queue()
+    cluster.move_slot(slot, home)
+
+
+def test_a_held_lease_survives_a_manual_failover_of_its_master(
+    redis_cluster: LocalRedisCluster,
+) -> None:
+    """CLUSTER FAILOVER: the replica takes the slots; the old master answers MOVED."""
+    replica = redis_cluster.size  # the first master's replica
+    name = next(
+        n
+        for n in (f"f-{uuid.uuid4().hex[:10]}" for _ in range(1000))
+        if redis_cluster.owner(_slot(n)) == 0
+    )
+    with leasekit.open(redis_cluster.url(), queue=name, create=True) as q:
+        q.send_many([b"one", b"two"])
+        one, two = q.lease(2, duration=30)
+        redis_cluster.failover(replica)
+        try:
+            assert redis_cluster.owner(_slot(name)) == replica
+            assert redis_cluster.role(0) == "slave"
+            one.renew(60)
+            one.complete()
+            [stale] = q.driver.delete([one.receipt])
+            assert isinstance(stale, DriverError) and stale.code is ErrorCode.LEASE_LOST
+            two.complete()
+            assert q.stats().total == 0
+            q.delete_queue()
+        finally:
+            redis_cluster.failover(0, ("TAKEOVER",))
 
 
 # -------------------------------------------------------- across the slots
