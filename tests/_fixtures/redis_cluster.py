@@ -92,6 +92,12 @@ class LocalRedisCluster:
         node = self.nodes[index]
         return redis.Redis(host=node.host, port=node.port, socket_timeout=10)
 
+    def pid(self, index: int) -> int:
+        """The process id of node ``index`` (to stop it with SIGSTOP: a node that hangs)."""
+        process = self.nodes[index]._process
+        assert process is not None and process.pid is not None
+        return process.pid
+
     def node_ids(self) -> list[str]:
         ids = []
         for i in range(len(self.nodes)):

@@ -13,9 +13,11 @@ match the server.
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
@@ -24,10 +26,17 @@ from _fixtures.redis_cluster import LocalRedisCluster
 from typer.testing import CliRunner
 
 import leasekit
-from leasekit import InvalidArgument, InvalidURL, RetryPolicy, UnsupportedOperation
+from leasekit import (
+    BackendUnavailable,
+    InvalidArgument,
+    InvalidURL,
+    RetryPolicy,
+    UnsupportedOperation,
+)
 from leasekit.cli import app
 from leasekit.conformance import AsyncUrlHarness, ConformanceSuite, UrlHarness
 from leasekit.emulators.redis import LocalRedis
+from leasekit.queue import Queue
 from leasekit.spi import DriverError, ErrorCode
 
 # --------------------------------------------------------------- conformance
@@ -307,7 +316,92 @@ def test_cli_send_and_stats_on_a_cluster_url(redis_cluster: LocalRedisCluster) -
             q.delete_queue()
 
 
+def test_consumers_on_threads_drain_queues_on_every_node(redis_cluster: LocalRedisCluster) -> None:
+    """Three consumers at once, each on a queue another node serves."""
+    names = _names_on_each_node(redis_cluster)
+    handled: Counter[bytes] = Counter()
+    lock = threading.Lock()
+    completed: list[int] = []
+
+    def handler(message: leasekit.Message) -> None:
+        with lock:
+            handled[message.body] += 1
+
+    def drain(queue: Queue) -> None:
+        consumer = leasekit.Consumer(queue, handler, concurrency=4, handle_signals=False)
+        completed.append(consumer.run(until_idle=True).completed)
+
+    queues = [leasekit.open(redis_cluster.url(), queue=name, create=True) for name in names]
+    try:
+        for name, queue in zip(names, queues, strict=True):
+            queue.send_many([b"%s-%d" % (name.encode(), i) for i in range(60)])
+        threads = [threading.Thread(target=drain, args=(queue,)) for queue in queues]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert completed == [60, 60, 60]
+        assert all(queue.stats().total == 0 for queue in queues)
+    finally:
+        for queue in queues:
+            queue.delete_queue()
+            queue.close()
+    assert len(handled) == 180 and set(handled.values()) == {1}
+
+
+# ------------------------------------------------------------------ deadlines
+
+
+def test_a_hung_node_is_backend_unavailable_within_the_call_timeout(
+    redis_cluster: LocalRedisCluster,
+) -> None:
+    """The queue's node stops answering (SIGSTOP): each call still ends by its deadline."""
+    names = _names_on_each_node(redis_cluster)
+    index = redis_cluster.masters()[-1]  # not the seed, no replica
+    name = names[-1]
+    with leasekit.open(redis_cluster.url(), queue=name, create=True, call_timeout=0.5) as q:
+        q.send(b"x")
+        [lease] = q.lease(1, duration=30)
+        pid = redis_cluster.pid(index)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            for call in (lambda: q.send(b"y"), lambda: lease.renew(30), q.stats):
+                start = time.monotonic()
+                with pytest.raises(BackendUnavailable):
+                    call()
+                assert time.monotonic() - start < 1.5
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        # Back: the map is read again (the node did not answer) and the lease still holds.
+        lease.renew(30)
+        lease.complete()
+        q.delete_queue()
+
+
+def test_a_seed_nobody_listens_on_is_backend_unavailable_within_the_call_timeout() -> None:
+    port = LocalRedis("redis").port  # nothing listens there
+    with leasekit.open(f"redis://127.0.0.1:{port}/?cluster=1", queue="gone", call_timeout=0.5) as q:
+        start = time.monotonic()
+        with pytest.raises(BackendUnavailable):
+            q.send(b"x")
+        assert time.monotonic() - start < 3
+
+
 # -------------------------------------------------------------------- errors
+
+
+def test_cluster_replies_are_classified() -> None:
+    """The SDK's own exception objects, as redis-py raises them for a cluster's replies."""
+    driver = leasekit.open("redis://127.0.0.1:1/?cluster=1&queue=classify").driver
+    down = redis.exceptions.ClusterDownError("The cluster is down")
+    again = redis.exceptions.TryAgainError("Multiple keys request during rehashing of slot")
+    master = redis.exceptions.MasterDownError("Link with MASTER is down")
+    for exc, word in ((down, "CLUSTERDOWN"), (again, "TRYAGAIN"), (master, "MASTERDOWN")):
+        assert driver.error_code(exc) is ErrorCode.UNAVAILABLE and driver.is_retryable(exc)
+        assert driver.backend_code(exc) == word
+    resharding = DriverError(ErrorCode.UNAVAILABLE, "redirected 5 times", backend_code="MOVED")
+    assert driver.is_retryable(resharding)
+    driver.close()
 
 
 def test_a_cluster_node_without_cluster_1_is_unsupported_with_a_hint(
