@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import math
 import random
 import threading
 import time
@@ -70,6 +71,8 @@ RETRY_WITHIN = 0.25
 #: The scheduler wakes at least this often, idle or not, and stamps its heartbeat:
 #: a heartbeat older than this (plus scheduling noise) means the scheduler is stuck.
 HEARTBEAT = 1.0
+#: Whole-run lateness is counted by the millisecond up to this many (later: one bucket).
+LATENESS_MS = 10_000
 
 
 @dataclass
@@ -84,13 +87,48 @@ class KeeperStats:
     released_at_max_lifetime: int = 0
     #: Renewal lateness (seconds after the planned renewal point), last 100k samples.
     lateness: list[float] = field(default_factory=list, repr=False)
+    #: Renewal lateness over the keeper's whole life, by the millisecond: ``[0]``
+    #: renewals that started on time (or early), ``[i]`` those late by more than
+    #: ``i - 1`` and at most ``i`` ms, the last those later than that. Fixed size.
+    lateness_counts: list[int] = field(default_factory=lambda: [0] * (LATENESS_MS + 2), repr=False)
+    #: The latest renewal over the keeper's whole life (seconds).
+    lateness_max: float = 0.0
 
-    def lateness_percentile(self, q: float) -> float:
-        """The ``q`` quantile (0–1) of renewal lateness in seconds; 0 with no samples."""
+    def lateness_percentile(self, q: float, *, whole_run: bool = False) -> float:
+        """The ``q`` quantile (0–1) of renewal lateness in seconds; 0 with no samples.
+
+        Of the last 100,000–200,000 renewals (:attr:`lateness`), or with
+        ``whole_run`` of every renewal since the keeper started
+        (:attr:`lateness_counts`: rounded up to the millisecond, never above
+        :attr:`lateness_max`).
+        """
+        if whole_run:
+            counts = self.lateness_counts
+            total = sum(counts)
+            if not total:
+                return 0.0
+            rank = min(total - 1, int(q * total))
+            seen = 0
+            for ms, count in enumerate(counts[:-1]):
+                seen += count
+                if seen > rank:
+                    return min(ms / 1000, self.lateness_max)
+            return self.lateness_max  # in the last bucket: later than it counts
         if not self.lateness:
             return 0.0
         ordered = sorted(self.lateness)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    def _count(self, lateness: Sequence[float]) -> None:
+        """Add a batch's lateness to the whole-run counts (call under the keeper's lock)."""
+        counts = self.lateness_counts
+        late = [seconds for seconds in lateness if seconds > 0.0]
+        counts[0] += len(lateness) - len(late)  # most renewals start early or on time
+        if late:
+            top = len(counts) - 1
+            for seconds in late:
+                counts[min(top, math.ceil(seconds * 1000))] += 1
+            self.lateness_max = max(self.lateness_max, max(late))
 
 
 @dataclass(frozen=True)
@@ -681,6 +719,7 @@ class LeaseKeeper:
         lost: list[tuple[_Held, errors.LeaseLost]] = []
         with self._cond:
             flight.done = True
+            self.stats._count(lateness)
             for held, result in zip(group, results, strict=True):
                 held.in_flight = False
                 if isinstance(result, errors.LeaseLost):
