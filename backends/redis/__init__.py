@@ -2,20 +2,25 @@
 
 URLs:
     ``redis://[user[:password]@]host[:port][/db]?queue=NAME``, ``rediss://`` for
-    TLS, and the aliases ``valkey://`` / ``valkeys://``. Keyword form:
+    TLS, and the aliases ``valkey://`` / ``valkeys://``; a Redis Cluster with
+    ``?cluster=1`` (the host is any node: the seed; database 0 only). Keyword form:
     ``leasekit.open("redis", queue="jobs", host="localhost", port=6379, password=...)``.
     Options: ``db``, ``username``, ``password`` (never shown), ``prefix`` (of every
     key, default ``leasekit``), ``max_message_size`` (bytes), ``connect_timeout``
-    (s), ``ssl_ca_certs`` (a CA file for ``rediss://``).
+    (s), ``ssl_ca_certs`` (a CA file for ``rediss://``), ``cluster`` (``1``: the
+    server is a cluster node).
 
 Delivery semantics:
     At least once. One stream and one consumer group per queue; every key of a
     queue shares one ``{hash tag}`` (``leasekit:{jobs}:messages`` ...), so a
-    cluster would keep it on one slot (the driver talks to one server: Redis
-    Cluster's redirections are refused). A lease is the entry's idle time in the
-    group's pending list: a receive reads new entries as a fresh consumer named
-    for the lease (``consumer.fMS``), so their idle time is the lease with nothing
-    set per entry; a renew, or a receive taking an entry back, sets it to
+    cluster keeps it on one slot and each script touches one node. With
+    ``cluster=1`` each call goes to the master serving the queue's slot (the map
+    read with ``CLUSTER SLOTS``), following ``MOVED`` and ``ASK`` within the
+    call's deadline (:mod:`.cluster`); without it a redirection is refused.
+    A lease is the entry's idle time in the group's pending list: a receive
+    reads new entries as a fresh consumer named for the lease
+    (``consumer.fMS``), so their idle time is the lease with nothing set per
+    entry; a renew, or a receive taking an entry back, sets it to
     ``threshold - duration`` (``XCLAIM ... IDLE ... JUSTID``, which counts no
     delivery) for the driver's own consumer. The next receive takes a lapsed
     entry back (``XAUTOCLAIM`` past the threshold; a fresh consumer's oldest
@@ -45,9 +50,12 @@ Errors:
     No stream or no group → ``QueueNotFound``; a key that is not a stream →
     ``InvalidArgument`` naming it; stale or malformed receipt, settled or
     expired message → ``LeaseLost``; lost connection, timeout, ``LOADING``,
-    ``BUSY`` → ``BackendUnavailable`` (retried by core); a read-only replica
-    (``READONLY``) or a full server (``OOM``) → ``BackendUnavailable``, not
-    retried; a refused password → ``AuthenticationFailed``. A server whose
+    ``BUSY``, ``TRYAGAIN``, ``CLUSTERDOWN`` → ``BackendUnavailable`` (retried by
+    core); ``MOVED``/``ASK`` without ``cluster=1`` → ``UnsupportedOperation``
+    naming the option; ``cluster=1`` on a server that is not a cluster node →
+    ``InvalidArgument``; a read-only replica (``READONLY``) or a full server
+    (``OOM``) → ``BackendUnavailable``, not retried; a refused password →
+    ``AuthenticationFailed``. A server whose
     ``maxmemory-policy`` evicts keys is logged as a warning on first use.
 """
 
