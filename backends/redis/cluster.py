@@ -50,7 +50,9 @@ class ClusterServer(_Server):
 
     def __init__(self, params: dict[str, Any], where: str, connect: float) -> None:
         super().__init__(params, where, connect)
-        self._seeds: list[Address] = [(params["host"], int(params["port"]))]
+        #: Every node known (the seed, then those the map and redirections
+        #: named), in the order to ask for the map: one that failed goes last.
+        self._order: list[Address] = [(params["host"], int(params["port"]))]
         self._nodes: dict[Address, _Server] = {}
         #: The node of each slot, as last learnt (``None``: not known yet).
         self._slots: list[Address | None] = [None] * SLOTS
@@ -76,9 +78,14 @@ class ClusterServer(_Server):
         return self.node(self._known()[0]).client(timeout)
 
     def _known(self) -> list[Address]:
-        """Every node known, seeds first; a node that just failed goes last (see :meth:`_lost`)."""
-        seen = dict.fromkeys([*self._seeds, *self._nodes])
-        return list(seen)
+        """Every node known, the seed first until it fails (see :meth:`_lost`)."""
+        return list(self._order)
+
+    def _learn(self, addresses: list[Address]) -> None:
+        with self._map_lock:
+            for address in addresses:
+                if address not in self._order:
+                    self._order.append(address)
 
     def slot_map(self, timeout: float | None = None) -> list[Address | None]:
         """Read the slot map from the first node that answers (``CLUSTER SLOTS``)."""
@@ -104,11 +111,15 @@ class ClusterServer(_Server):
                 self._to_end(address)
                 continue
             slots: list[Address | None] = [None] * SLOTS
+            named: list[Address] = []
             for row in rows:
-                start, end, master = int(row[0]), int(row[1]), row[2]
-                host = _text(master[0])
-                node = (host if host not in ("", "?") else address[0], int(master[1]))
-                slots[start : end + 1] = [node] * (end - start + 1)
+                start, end = int(row[0]), int(row[1])
+                # The master, then its replicas (asked for the map only, never sent a call).
+                nodes = [(_text(n[0]) or address[0], int(n[1])) for n in row[2:]]
+                nodes = [(address[0] if host == "?" else host, port) for host, port in nodes]
+                slots[start : end + 1] = [nodes[0]] * (end - start + 1)
+                named += nodes
+            self._learn(named)
             with self._map_lock:
                 self._slots = slots
                 self._mapped = True
@@ -119,12 +130,9 @@ class ClusterServer(_Server):
     def _to_end(self, address: Address) -> None:
         """Ask ``address`` last next time (it failed to answer)."""
         with self._map_lock:
-            if address in self._seeds and len(self._seeds) > 1:
-                self._seeds.remove(address)
-                self._seeds.append(address)
-            node = self._nodes.pop(address, None)
-            if node is not None:
-                self._nodes[address] = node
+            if address in self._order:
+                self._order.remove(address)
+            self._order.append(address)
 
     def _lost(self, address: Address) -> None:
         """A node did not answer, or the cluster is down: read the map again on the next call."""
@@ -156,6 +164,7 @@ class ClusterServer(_Server):
                 last = exc
                 address = (exc.host or address[0], int(exc.port))
                 self._slots[int(exc.slot_id)] = address
+                self._learn([address])
                 asking = False
             except redis.exceptions.AskError as exc:
                 last = exc

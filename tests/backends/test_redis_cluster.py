@@ -35,9 +35,10 @@ from leasekit import (
 )
 from leasekit.cli import app
 from leasekit.conformance import AsyncUrlHarness, ConformanceSuite, UrlHarness
+from leasekit.deadline import deadline
 from leasekit.emulators.redis import LocalRedis
 from leasekit.queue import Queue
-from leasekit.spi import DriverError, ErrorCode
+from leasekit.spi import DriverError, ErrorCode, OutgoingMessage
 
 # --------------------------------------------------------------- conformance
 
@@ -375,6 +376,35 @@ def test_a_hung_node_is_backend_unavailable_within_the_call_timeout(
         # Back: the map is read again (the node did not answer) and the lease still holds.
         lease.renew(30)
         lease.complete()
+        q.delete_queue()
+
+
+def test_once_the_seed_fails_the_map_is_read_from_another_node(
+    redis_cluster: LocalRedisCluster,
+) -> None:
+    """The seed hangs: a call on its queue times out, and the map is then read elsewhere."""
+    seed_queue, other_queue = _names_on_each_node(redis_cluster)[:2]
+    assert redis_cluster.owner(_slot(seed_queue)) == 0  # the seed serves the first queue
+    with leasekit.open(redis_cluster.url(), queue=seed_queue, create=True) as q:
+        driver = q.driver
+        other = driver.sibling(other_queue)
+        with deadline(5):
+            other.create_queue()
+        pid = redis_cluster.pid(0)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with deadline(0.3), pytest.raises(redis.exceptions.TimeoutError):
+                driver.send([OutgoingMessage(b"x")])
+            # The map must be read again (a node failed); the seed is asked last now.
+            start = time.monotonic()
+            with deadline(2.0):
+                [sent] = other.send([OutgoingMessage(b"y")])
+            assert isinstance(sent, str)
+            assert time.monotonic() - start < 1.0  # not the 2 s a hung seed would take
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        with deadline(5):
+            other.delete_queue()
         q.delete_queue()
 
 
