@@ -39,10 +39,13 @@ class LocalRedisCluster:
 
     ``nodes`` are the servers (:class:`LocalRedis`): the ``size`` masters, then
     ``replicas`` replicas of the first masters (one each); ``url()`` is a
-    cluster URL naming the first as the seed.
+    cluster URL naming the first as the seed. ``node_timeout`` (ms): how long a
+    silent node takes to be failed (and its replica promoted).
     """
 
-    def __init__(self, kind: str = "redis", size: int = 3, replicas: int = 0) -> None:
+    def __init__(
+        self, kind: str = "redis", size: int = 3, replicas: int = 0, node_timeout: int = 15000
+    ) -> None:
         self.kind = kind
         self.size = size
         self.replicas = replicas
@@ -62,7 +65,7 @@ class LocalRedisCluster:
                     # (a master without a replica failing takes the cluster down); a
                     # failover in the tests is a manual one (CLUSTER FAILOVER).
                     "--cluster-node-timeout",
-                    "15000",
+                    str(node_timeout),
                     # A replica's first sync starts at once (not after 5 s of waiting
                     # for more replicas to share a diskless transfer).
                     "--repl-diskless-sync-delay",

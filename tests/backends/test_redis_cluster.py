@@ -54,11 +54,11 @@ class TestRedisClusterConformance(ConformanceSuite):
 
 #: The same suite through asyncio, and on a Valkey cluster: another 25 s each of
 #: mostly waiting for leases to lapse, on the same routing code (the asyncio
-#: harness runs the same driver in threads), so they run only when asked:
-#: ``LEASEKIT_CLUSTER_FULL=1``.
+#: harness runs the same driver in threads); and an automatic failover (a
+#: cluster of its own, 6 s). They run only when asked: ``LEASEKIT_CLUSTER_FULL=1``.
 full = pytest.mark.skipif(
     not os.environ.get("LEASEKIT_CLUSTER_FULL"),
-    reason="opt-in (LEASEKIT_CLUSTER_FULL=1): the same routing as TestRedisClusterConformance",
+    reason="opt-in (LEASEKIT_CLUSTER_FULL=1): slow, and the same routing as the default tests",
 )
 
 
@@ -406,6 +406,34 @@ def test_once_the_seed_fails_the_map_is_read_from_another_node(
         with deadline(5):
             other.delete_queue()
         q.delete_queue()
+
+
+@full
+def test_calls_reach_the_promoted_replica_after_a_master_dies() -> None:
+    """SIGKILL of a master (the seed): its replica is promoted, and the held lease goes on."""
+    with LocalRedisCluster("redis", replicas=1, node_timeout=1000) as cluster:
+        replica = cluster.size
+        name = next(
+            n
+            for n in (f"d-{uuid.uuid4().hex[:10]}" for _ in range(1000))
+            if cluster.owner(_slot(n)) == 0
+        )
+        patient = RetryPolicy(attempts=200, base=0.05, cap=0.2)
+        with leasekit.open(
+            cluster.url(), queue=name, create=True, retry=patient, call_timeout=30
+        ) as q:
+            q.send_many([b"one", b"two"])
+            one, two = q.lease(2, duration=60)
+            end = time.monotonic() + 10
+            while not cluster.synced(replica):  # (else the kill may lose the lease's writes)
+                assert time.monotonic() < end, "the replica did not catch up"
+                time.sleep(0.01)
+            cluster.nodes[0].kill()
+            one.renew(60)  # retried (connection refused, CLUSTERDOWN) until the promotion
+            assert cluster.role(replica) == "master"
+            one.complete()
+            two.complete()
+            assert q.stats().total == 0
 
 
 def test_a_seed_nobody_listens_on_is_backend_unavailable_within_the_call_timeout() -> None:
