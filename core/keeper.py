@@ -30,6 +30,7 @@ leases when asked, at no cost to the renewals themselves.
 from __future__ import annotations
 
 import heapq
+import itertools
 import logging
 import math
 import random
@@ -71,6 +72,8 @@ RETRY_WITHIN = 0.25
 #: The scheduler wakes at least this often, idle or not, and stamps its heartbeat:
 #: a heartbeat older than this (plus scheduling noise) means the scheduler is stuck.
 HEARTBEAT = 1.0
+#: Emptied timer-wheel buckets kept for reuse (their lists), at most.
+SPARE_BUCKETS = 1024
 #: Whole-run lateness is counted by the millisecond up to this many (later: one bucket).
 LATENESS_MS = 10_000
 
@@ -170,13 +173,19 @@ class _Held:
     reported_lost: bool = False
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Flight:
-    """One renewal batch in flight; its timer entry is the watchdog of the batch's deadlines."""
+    """One renewal batch in flight; its timer entry is the watchdog of the batch's deadlines.
 
+    Filed in the timer wheel by ``number`` (an int), not by reference, and
+    forgotten when its call returns: a batch lives as long as its call, not
+    until its watchdog's time (its leases' deadline, seconds later), so it dies
+    young instead of being promoted for a full collection to scan.
+    """
+
+    number: int
     helds: list[_Held]
     due: float
-    done: bool = False
 
 
 class _Lane:
@@ -228,6 +237,7 @@ class _Lane:
                 job()
             except Exception:
                 _log.exception("renewal job failed on queue %r", self._name)
+            del job  # the batch is freed now, not when this thread takes its next job
 
     def close(self) -> int:
         """Stop taking jobs and drop the queued ones; return how many were dropped."""
@@ -296,14 +306,19 @@ class LeaseKeeper:
         self.stop_timeout = stop_timeout
         self.stats = KeeperStats()
         self._workers = workers
-        # A timer wheel: entries and their generations in TICK-wide buckets, and a heap
-        # of bucket keys. An entry is a held lease (a renewal or retry point) or a batch
-        # in flight (its watchdog, generation 0). Two parallel lists per bucket, not a
-        # tuple per entry: every renewal files its lease again, and a tuple that lives
-        # until the next renewal (~1 s) outlives the young GC generations; 100,000
-        # leases made that 100,000 objects a second for the full collections to scan.
-        self._buckets: dict[int, tuple[list[_Held | _Flight], list[int]]] = {}
+        # A timer wheel: TICK-wide buckets of entries and their generations, and a heap
+        # of bucket keys. An entry is a held lease (a renewal or retry point) or the
+        # number of a batch in flight (its watchdog, generation 0). A bucket is one flat
+        # list (entry, generation, entry, ...), not a tuple per entry: every renewal
+        # files its lease again, and an object that lives until the next renewal
+        # (seconds) outlives the young GC generations: promoted objects bring full
+        # collections, each of which walks every held lease. For the same reason an
+        # emptied bucket's list is kept for reuse (``_spare``), not made anew.
+        self._buckets: dict[int, list[_Held | int]] = {}
         self._keys: list[int] = []
+        self._spare: list[list[_Held | int]] = []
+        self._flights: dict[int, _Flight] = {}  # in flight, by number
+        self._numbers = itertools.count(1)
         self._held: dict[Lease, _Held] = {}  # by identity: no int per lease
         self._lanes: dict[int, _Lane] = {}
         self._cond = threading.Condition()
@@ -362,6 +377,8 @@ class LeaseKeeper:
             self._held.clear()
             self._buckets.clear()
             self._keys.clear()
+            self._spare.clear()
+            self._flights.clear()
             self._lanes.clear()
             self.stats.held = 0
 
@@ -549,18 +566,22 @@ class LeaseKeeper:
 
     def _push(self, entry: _Held | _Flight) -> None:
         """File ``entry`` at its due time (rounded down: at most TICK early); call with the lock."""
+        filed: _Held | int
         if isinstance(entry, _Held):
             entry.generation += 1
-            generation = entry.generation
+            filed, generation = entry, entry.generation
         else:
-            generation = 0
+            filed, generation = entry.number, 0
         key = int(entry.due / TICK)
         bucket = self._buckets.get(key)
         if bucket is not None:
-            bucket[0].append(entry)
-            bucket[1].append(generation)
+            bucket.append(filed)
+            bucket.append(generation)
             return
-        self._buckets[key] = ([entry], [generation])
+        bucket = self._spare.pop() if self._spare else []
+        bucket.append(filed)
+        bucket.append(generation)
+        self._buckets[key] = bucket
         heapq.heappush(self._keys, key)
         if self._keys[0] == key:
             self._cond.notify()
@@ -592,14 +613,20 @@ class LeaseKeeper:
             limit = int((now + COALESCE) / TICK)
             if keys and keys[0] <= limit:
                 due: list[_Held | _Flight] = []
+                flights = self._flights
                 while keys and keys[0] <= limit:
-                    entries, generations = self._buckets.pop(heapq.heappop(keys))
-                    for entry, generation in zip(entries, generations, strict=True):
-                        if isinstance(entry, _Flight):
-                            if not entry.done:
-                                due.append(entry)
+                    bucket = self._buckets.pop(heapq.heappop(keys))
+                    pairs = iter(bucket)
+                    for entry, generation in zip(pairs, pairs, strict=True):
+                        if isinstance(entry, int):  # a batch's watchdog: still in flight?
+                            flight = flights.get(entry)
+                            if flight is not None:
+                                due.append(flight)
                         elif entry.active and entry.generation == generation:
                             due.append(entry)
+                    bucket.clear()
+                    if len(self._spare) < SPARE_BUCKETS:
+                        self._spare.append(bucket)
                 return due
             timeout = keys[0] * TICK - COALESCE - now if keys else HEARTBEAT
             self._cond.wait(min(timeout, HEARTBEAT))
@@ -675,7 +702,9 @@ class LeaseKeeper:
                         held.planned = held.due
                         if not held.failures:
                             held.since = held.due
-                    flight = _Flight(batch, min(held.lease.deadline for held in batch))
+                    number = next(self._numbers)
+                    flight = _Flight(number, batch, min(held.lease.deadline for held in batch))
+                    self._flights[number] = flight
                     self._push(flight)  # the watchdog of the batch's deadlines
                     lane.submit(partial(self._renew, flight, seconds))
 
@@ -718,7 +747,7 @@ class LeaseKeeper:
         lead = self._lead(seconds) + random.random() * JITTER * seconds
         lost: list[tuple[_Held, errors.LeaseLost]] = []
         with self._cond:
-            flight.done = True
+            self._flights.pop(flight.number, None)  # its watchdog entry is ignored now
             self.stats._count(lateness)
             for held, result in zip(group, results, strict=True):
                 held.in_flight = False

@@ -636,9 +636,26 @@ class LeaseOperations:
         renewed: list[int],
     ) -> None:
         """The work of :meth:`renew`: results to ``results``, renewed positions to ``renewed``."""
-        taken, repeats = self._take(leases, RENEW, "renew", results)
         caps = self._runner.capabilities
         late_is_lost = not caps.detects_stale_receipts
+        taken: list[_Taken] | None = None
+        repeats: list[tuple[int, int]] = []
+        if (
+            timeout is None
+            and 1 < len(leases) <= caps.max_renew_batch
+            and seconds.count(seconds[0]) == len(seconds)
+        ):  # a keeper's batch
+            records = [lease._record for lease in leases]
+            receipts = take_together(records, RENEW)
+            if receipts is not None:  # one receive's leases, all free
+                if not late_is_lost or min([r.deadline for r in records]) > time.monotonic():
+                    self._renew_together(
+                        leases, records, receipts, seconds[0], raise_whole, results, renewed
+                    )
+                    return
+                taken = list(zip(range(len(leases)), leases, receipts, strict=True))
+        if taken is None:
+            taken, repeats = self._take(leases, RENEW, "renew", results)
         if late_is_lost:
             taken = self._drop_expired(taken, results)
         groups: dict[float, list[_Taken]] = {}
@@ -686,6 +703,61 @@ class LeaseOperations:
                     lease._record.failed(lease, failure)
                     results[i] = failure
         _copy_repeats(results, repeats)
+
+    def _renew_together(
+        self,
+        leases: Sequence[Lease],
+        records: list[LeaseRecord],
+        receipts: list[str],
+        physical: float,
+        raise_whole: bool,
+        results: list[Any],
+        renewed: list[int],
+    ) -> None:
+        """:meth:`_renew_batches` for leases taken together that fit one backend call.
+
+        A keeper's batch. The same deadline, call, outcomes and error handling
+        as the general path for its one chunk, without its tuple per lease: those
+        lived as long as the call, so a young collection during it moved them on,
+        and one of the middle generation promoted them (measured on Redis keeping
+        100,000 leases: two thirds of what renewals promoted, bringing full
+        collections, each of which walks every held lease).
+        """
+        late_is_lost = not self._runner.capabilities.detects_stale_receipts
+        left = self.lease_timeout(leases, None, settle=False)
+        started = time.monotonic()
+        call = partial(self._runner.driver.change_visibility, receipts, physical)
+        outcome: list[Any]
+        try:
+            with deadline(left):
+                outcome = list(self._runner.call("renew", call))
+        except errors.LeaseError as exc:
+            if raise_whole:
+                for lease in leases:
+                    lease._record.failed(lease, exc)
+                raise
+            outcome = [exc] * len(leases)
+        except BaseException:
+            for record in records:
+                record.release()
+            raise
+        for i, (lease, result) in enumerate(zip(leases, outcome, strict=True)):
+            if isinstance(result, Visibility):
+                lost = lease._record.renewed(
+                    lease,
+                    result.receipt,
+                    result.visible_until,
+                    physical,
+                    started,
+                    late_is_lost=late_is_lost,
+                )
+                if lost is None:
+                    renewed.append(i)
+                results[i] = lost
+                continue
+            failure = self._runner.entry_error(result, "renew")
+            lease._record.failed(lease, failure)
+            results[i] = failure
 
     def _drop_expired(self, taken: list[_Taken], results: list[Any]) -> list[_Taken]:
         """Leases whose time is up are lost, not renewed (stale receipts cannot be told here)."""
