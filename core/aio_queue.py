@@ -686,7 +686,7 @@ class AsyncLease:
         """
         if timeout is not None:
             check_number(timeout, "timeout", minimum=0)
-        if self._lease.lost.is_set():
+        if self._lease.lost_error is not None:  # not ``lost.is_set()``: no Event made for it
             return True
         loop = asyncio.get_running_loop()
         found: asyncio.Future[None] = loop.create_future()

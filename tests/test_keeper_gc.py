@@ -12,6 +12,7 @@ these tests switch it off only to see what reference counting alone frees.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import math
 import time
@@ -22,6 +23,7 @@ from contextlib import contextmanager
 import pytest
 
 import leasekit
+from leasekit.aio import AsyncQueue
 from leasekit.keeper import LATENESS_MS, KeeperStats
 from leasekit.queue import Queue
 
@@ -138,3 +140,21 @@ def test_settled_leases_of_a_stopped_keeper_are_freed_by_reference_counting(
         alive = sum(ref() is not None for ref in refs)
     assert keeper.stats.renewed >= 40
     assert alive == 0, f"{alive} of 20 leases need the collector to be freed (a cycle)"
+
+
+def test_asking_an_async_lease_whether_it_is_lost_makes_no_event() -> None:
+    """``wait_lost`` on a held lease makes no threading.Event (six objects) for it."""
+
+    async def main() -> None:
+        name = f"keeper-gc-aio-{time.monotonic_ns()}"
+        async with AsyncQueue(leasekit.open("memory", queue=name, create=True)) as queue:
+            await queue.send(b"held")
+            [lease] = await queue.lease(1, duration=30)
+            assert await lease.wait_lost(0) is False
+            assert lease.lease._record._lost_event is None
+            lease.lease._record.lose(lease.lease, leasekit.LeaseLost("taken"))
+            assert await lease.wait_lost(0) is True
+            assert lease.lost.is_set()  # made when asked for, already set
+            await queue.delete_queue()
+
+    asyncio.run(main())
