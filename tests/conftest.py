@@ -9,6 +9,9 @@ end of the session.
 
 from pathlib import Path
 
-pytest_plugins = sorted(
-    f"_fixtures.{path.stem}" for path in (Path(__file__).parent / "_fixtures").glob("[!_]*.py")
-)
+pytest_plugins = [
+    *sorted(
+        f"_fixtures.{path.stem}" for path in (Path(__file__).parent / "_fixtures").glob("[!_]*.py")
+    ),
+    "_order",  # the order a parallel run takes the tests in (see tests/_order.py)
+]
