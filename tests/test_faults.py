@@ -293,7 +293,9 @@ def test_a_consumer_rides_out_repeated_network_cuts(
 def test_a_consumer_keeps_receiving_through_an_outage(
     fault_target: FaultTarget, record_property: RecordProperty
 ) -> None:
-    proxied, direct = fault_target.queues(lease=10)
+    # A receive that meets the outage may wait it out until its call timeout
+    # (PostgreSQL waits for a connection that long): 2 s, so two fail within 10 s.
+    proxied, direct = fault_target.queues(lease=10, call_timeout=CALL_TIMEOUT)
     handled: list[bytes] = []
     consumer = leasekit.Consumer(
         proxied, lambda m: handled.append(m.body), lease_duration=10, handle_signals=False
