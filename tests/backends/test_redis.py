@@ -76,6 +76,17 @@ class TestValkeyConformanceThroughAsyncio(ConformanceSuite):
         harness.close()
 
 
+class TestRedis8Conformance(ConformanceSuite):
+    """Redis 8.2, where the driver acknowledges with ``XACKDEL`` (see test_redis_xackdel.py)."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def harness(cls, redis8_server: LocalRedis) -> Iterator[UrlHarness]:
+        harness = UrlHarness(redis8_server.url())
+        yield harness
+        harness.close()
+
+
 # ------------------------------------------------------------------ fixtures
 
 
