@@ -89,7 +89,7 @@ def test_whole_run_lateness_counts_each_renewal_the_window_may_drop(queue: Queue
     queue.complete_many(leases)
 
 
-def test_a_held_lease_and_its_keeper_entry_are_four_tracked_objects(queue: Queue) -> None:
+def test_a_kept_lease_is_three_tracked_objects(queue: Queue) -> None:
     n = 500
     queue.send_many([b"x"] * n)
     with leasekit.LeaseKeeper() as keeper:
@@ -97,8 +97,8 @@ def test_a_held_lease_and_its_keeper_entry_are_four_tracked_objects(queue: Queue
         leases = queue.lease(n, duration=30)
         keeper.add_many(leases)
         per_lease = (_tracked() - before) / n
-        # the Lease, its LeaseRecord, its Message and the keeper's entry
-        assert per_lease <= 4.05, per_lease
+        # the Lease, its LeaseRecord and its Message; the keeper adds none of its own
+        assert per_lease <= 3.05, per_lease
         keeper.discard_many(leases)
     queue.complete_many(leases)
 
@@ -106,10 +106,12 @@ def test_a_held_lease_and_its_keeper_entry_are_four_tracked_objects(queue: Queue
 def test_renewals_leave_no_tracked_object_per_lease(queue: Queue) -> None:
     n = 500
     queue.send_many([b"x"] * n)
-    leases = queue.lease(n, duration=0.4)
+    # Short leases, so that renewals come quickly; 1.5 s, not shorter, so that a
+    # loaded machine (ten test workers on two cores) does not let one lapse.
+    leases = queue.lease(n, duration=1.5)
     with leasekit.LeaseKeeper() as keeper:
         keeper.add_many(leases)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 30
         while keeper.stats.renewed < n and time.monotonic() < deadline:
             time.sleep(0.02)  # polling the keeper's progress, with a deadline
         before, renewed = _tracked(), keeper.stats.renewed
