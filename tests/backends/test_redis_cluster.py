@@ -52,17 +52,12 @@ class TestRedisClusterConformance(ConformanceSuite):
         harness.close()
 
 
-#: The same suite through asyncio, and on a Valkey cluster: another 25 s each of
-#: mostly waiting for leases to lapse, on the same routing code (the asyncio
-#: harness runs the same driver in threads); and an automatic failover (a
-#: cluster of its own, 6 s). They run only when asked: ``LEASEKIT_CLUSTER_FULL=1``.
-full = pytest.mark.skipif(
-    not os.environ.get("LEASEKIT_CLUSTER_FULL"),
-    reason="opt-in (LEASEKIT_CLUSTER_FULL=1): slow, and the same routing as the default tests",
-)
+#: The same suite through asyncio, and on a Valkey cluster (another 25 s each of
+#: mostly waiting for leases to lapse), and an automatic failover (a cluster of
+#: its own, 6 s): every run holds them (tests/_order.py keeps this module's tests
+#: in one worker, so its clusters start once).
 
 
-@full
 class TestRedisClusterConformanceThroughAsyncio(ConformanceSuite):
     @pytest.fixture(scope="class")
     @classmethod
@@ -72,7 +67,6 @@ class TestRedisClusterConformanceThroughAsyncio(ConformanceSuite):
         harness.close()
 
 
-@full
 class TestValkeyClusterConformance(ConformanceSuite):
     @pytest.fixture(scope="class")
     @classmethod
@@ -408,7 +402,6 @@ def test_once_the_seed_fails_the_map_is_read_from_another_node(
         q.delete_queue()
 
 
-@full
 def test_calls_reach_the_promoted_replica_after_a_master_dies() -> None:
     """SIGKILL of a master (the seed): its replica is promoted, and the held lease goes on."""
     with LocalRedisCluster("redis", replicas=1, node_timeout=1000) as cluster:
