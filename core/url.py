@@ -86,7 +86,14 @@ def parse_url(url: str) -> ParsedURL:
     if parts.fragment:
         raise InvalidURL(f"{redact_url(url)!r}: a queue URL takes no #fragment")
     try:
-        raw_query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+        # A '+' is a plus, as libpq and the services' own connection strings read it
+        # (a base64 key or a SAS signature holds pluses); a space is %20. parse_qs
+        # alone would read '+' as a space (HTML form encoding).
+        raw_query = parse_qs(
+            parts.query.replace("+", "%2B"),
+            keep_blank_values=True,
+            strict_parsing=bool(parts.query),
+        )
     except ValueError:
         raise InvalidURL(
             f"{redact_url(url)!r}: bad query string (options are name=value, joined by &)"

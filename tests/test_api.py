@@ -129,6 +129,13 @@ def test_credentials_in_a_url_never_reach_a_message() -> None:
     assert "hunter2" not in repr(parse_url(url))
 
 
+def test_a_plus_in_a_url_option_is_a_plus_and_percent_twenty_a_space() -> None:
+    # As libpq and the services' connection strings read them: a base64 key or a
+    # SAS signature holds pluses (HTML form encoding would make them spaces).
+    parsed = parse_url("sqlite:///q.db?queue=a+b&sig=x%2By%2Fz%3D&name=two%20words")
+    assert parsed.query == {"queue": "a+b", "sig": "x+y/z=", "name": "two words"}
+
+
 # --------------------------------------------------------------- validation
 
 
