@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -450,5 +451,16 @@ def _make_server(
 
     class Server(BoundedThreadingMixIn, HTTPServer):
         address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            """A client gone before its answer is routine (a prober's timeout); log, don't print.
+
+            ``socketserver`` would print every handler error's traceback to stderr.
+            """
+            error = sys.exc_info()[1]
+            if isinstance(error, ConnectionError):  # BrokenPipe, ConnectionReset, ...
+                _log.debug("health: %s left before its answer: %r", client_address, error)
+                return
+            _log.error("health: a request from %s failed", client_address, exc_info=True)
 
     return Server(address, Handler)

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import socket
+import struct
 import threading
 import time
 import urllib.error
@@ -195,6 +198,33 @@ def test_a_check_that_raises_is_answered_503() -> None:
     with HealthServer(broken) as server:
         status, body = _get(f"{server.url}/livez")
     assert status == 503 and "boom" in body["error"]
+
+
+def test_a_prober_gone_before_its_answer_prints_no_traceback_and_the_server_goes_on(
+    capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    asked, answer = threading.Event(), threading.Event()
+
+    def slow() -> Health:  # a frozen consumer: the prober gives up before the answer
+        asked.set()
+        answer.wait(10)
+        return Health(live=True, ready=True)
+
+    caplog.set_level(logging.DEBUG, logger="leasekit.health")
+    with HealthServer(slow) as server:
+        prober = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        prober.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert asked.wait(5)
+        # Gone with a reset (SO_LINGER 0), so the server's write fails at once.
+        prober.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        prober.close()
+        answer.set()
+        deadline = time.monotonic() + 5
+        while not any("left before its answer" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, "the server never wrote to the gone prober"
+            time.sleep(0.01)  # polling the log, with a deadline
+        assert _get(f"{server.url}/livez")[0] == 200  # still serving
+    assert "Traceback" not in capfd.readouterr().err
 
 
 def test_a_consumer_is_live_before_ready_while_running_and_neither_once_stopped(
