@@ -89,7 +89,7 @@ def queue(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Queue]:
     try:
         yield q
     finally:
-        q.delete()
+        q.delete_queue()
         q.close()
 
 
@@ -251,5 +251,5 @@ def test_a_native_dead_letter_store_leases_renews_abandons_and_completes(
             again.complete()
         assert queue.peek_dead_letters(10) == []
     finally:
-        queue.delete()
+        queue.delete_queue()
         queue.close()

@@ -503,5 +503,5 @@ def test_postgresql_shows_no_secret(caplog: pytest.LogCaptureFixture, postgres_s
     keywords = {"host": host, "port": port, "dbname": "postgres", "user": role}
     with leasekit.open("postgresql", queue=name, schema=schema, password=password, **keywords) as q:
         shown = [repr(q), repr(q.driver)]
-        q.delete()
+        q.delete_queue()
     _assert_clean("a repr", "\n".join(shown), (password,))

@@ -70,7 +70,7 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str
         url, options = "aws-sqs", {"queue": name, **moto.options}
     with leasekit.open(url, create=True, **options) as queue:
         yield url, options
-        queue.delete()
+        queue.delete_queue()
 
 
 def _empty(url: str, options: dict[str, Any]) -> bool:

@@ -75,7 +75,7 @@ def queue(postgres_server: LocalPostgres) -> Iterator[Queue]:
     try:
         yield q
     finally:
-        q.delete()
+        q.delete_queue()
         q.close()
 
 
@@ -111,7 +111,7 @@ def test_url_with_a_user_and_a_socket_directory_opens_a_queue(
         assert lease.message.body == b"over the socket"
         lease.complete()
         assert str(postgres_server.socket_dir) in repr(q.driver)
-        q.delete()
+        q.delete_queue()
 
 
 def test_postgres_alias_and_the_dsn_keyword_open_the_same_queue(
@@ -125,7 +125,7 @@ def test_postgres_alias_and_the_dsn_keyword_open_the_same_queue(
             assert [lz.message.body for lz in second.lease(1, duration=5)] == [b"one"]
         with leasekit.open("postgresql", queue=name, dsn=postgres_server.dsn()) as third:
             assert third.stats().leased == 1
-        first.delete()
+        first.delete_queue()
 
 
 def test_libpq_parameters_pass_through_and_unknown_ones_are_refused_at_open(
@@ -138,7 +138,7 @@ def test_libpq_parameters_pass_through_and_unknown_ones_are_refused_at_open(
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'lk-test'"
         )
         assert int(names) >= 1
-        q.delete()
+        q.delete_queue()
     with pytest.raises(InvalidURL) as info:
         leasekit.open(postgres_server.url() + "?queue=q&no_such_libpq_option=1")
     assert "no_such_libpq_option" in str(info.value)
@@ -189,7 +189,7 @@ def test_create_makes_the_schema_in_the_named_schema_and_delete_removes_the_queu
         version = postgres_server.psql(f"SELECT max(version) FROM {schema}.schema_version")
         assert int(version) == SCHEMA_VERSION
         q.send(b"x")
-        q.delete()
+        q.delete_queue()
         assert postgres_server.psql(f"SELECT count(*) FROM {schema}.queues").strip() == "0"
         assert postgres_server.psql(f"SELECT count(*) FROM {schema}.messages").strip() == "0"
         with pytest.raises(QueueNotFound):
@@ -249,7 +249,7 @@ def test_renewing_a_whole_receive_batch_rewrites_one_row_and_no_message(
         after = postgres_server.psql(f"SELECT id, xmin FROM {schema}.leases").split()
         assert len(after) == 1 and after != batches, "the batch row was not renewed"
         assert all(lz.time_left > 45 for lz in leases)
-        q.delete()
+        q.delete_queue()
 
 
 def test_renewing_part_of_a_batch_moves_it_and_the_rest_expires_on_time(
@@ -272,7 +272,7 @@ def test_renewing_part_of_a_batch_moves_it_and_the_rest_expires_on_time(
             let_go.complete()
         kept.complete()
         again.complete()
-        q.delete()
+        q.delete_queue()
 
 
 def test_a_stale_receipt_renewed_with_the_new_holders_changes_nothing(
@@ -289,7 +289,7 @@ def test_a_stale_receipt_renewed_with_the_new_holders_changes_nothing(
         assert [type(r) for r in results[:2]] == [LeaseLost, LeaseLost]
         assert results[2:] == [None, None]
         assert q.complete_many(second) == [None, None]
-        q.delete()
+        q.delete_queue()
 
 
 def test_the_keeper_renews_a_receive_batch_in_one_call_without_rewriting_messages(
@@ -312,7 +312,7 @@ def test_the_keeper_renews_a_receive_batch_in_one_call_without_rewriting_message
             assert _messages(postgres_server, schema) == before
             assert int(postgres_server.psql(f"SELECT count(*) FROM {schema}.leases")) == 1
         assert q.complete_many(leases) == [None] * 100
-        q.delete()
+        q.delete_queue()
 
 
 # ------------------------------------------------------------- batched settles
@@ -386,7 +386,7 @@ def test_a_statement_blocked_by_a_lock_is_bounded_by_the_call_deadline(
         assert took < 1.0 + 0.5, f"the send waited {took:.2f} s on a 1 s deadline"
         [lease] = q.lease(1, duration=5)  # the queue works again
         lease.complete()
-        q.delete()
+        q.delete_queue()
 
 
 # ------------------------------------------------------------------- errors
@@ -488,7 +488,7 @@ def test_a_wrong_password_is_authentication_failed(postgres_server: LocalPostgre
         assert "wrong-password" not in str(info.value)
     with leasekit.open(url, password="right-password", create=True) as q:
         q.send(b"x")
-        q.delete()
+        q.delete_queue()
 
 
 def test_prepared_statements_can_be_turned_off_for_a_transaction_pooler(
@@ -501,7 +501,7 @@ def test_prepared_statements_can_be_turned_off_for_a_transaction_pooler(
             q.send(b"x")
             [lease] = q.lease(1, duration=5)
             lease.complete()
-        q.delete()
+        q.delete_queue()
 
 
 def test_the_receive_is_planned_once_not_at_every_call(postgres_server: LocalPostgres) -> None:
@@ -704,7 +704,7 @@ def test_a_forked_child_makes_its_own_pool_and_watchdog(postgres_server: LocalPo
         assert lease.message.body == b"parent again"
         lease.complete()
         assert queue.driver._shared.pool is parents  # type: ignore[attr-defined]
-        queue.delete()
+        queue.delete_queue()
 
 
 def test_a_forked_child_is_not_stopped_by_a_lock_held_at_the_fork(
@@ -737,7 +737,7 @@ def test_a_forked_child_is_not_stopped_by_a_lock_held_at_the_fork(
         leases = queue.lease(5, duration=30)
         assert sorted(lease.message.body for lease in leases) == [b"child", b"parent"]
         queue.complete_many(leases)
-        queue.delete()
+        queue.delete_queue()
 
 
 def _requests(queue: Queue) -> int:
@@ -789,7 +789,7 @@ def test_threads_beyond_the_pool_size_share_its_connections_and_none_starves(
         pool = queue.driver._shared.pool  # type: ignore[attr-defined]
         assert pool.get_stats()["pool_size"] <= 2, "more connections than pool_size"
         assert len(queue.driver._shared.idle) <= 2  # type: ignore[attr-defined]
-        queue.delete()
+        queue.delete_queue()
 
 
 def test_closing_closes_the_idle_connections(postgres_server: LocalPostgres) -> None:
@@ -798,7 +798,7 @@ def test_closing_closes_the_idle_connections(postgres_server: LocalPostgres) -> 
     queue.send(b"x")
     idle = list(queue.driver._shared.idle)  # type: ignore[attr-defined]
     assert len(idle) == 1
-    queue.delete()
+    queue.delete_queue()
     queue.close()
     assert all(conn.closed for conn in idle), "an idle connection outlived close()"
     assert queue.driver._shared.idle == []  # type: ignore[attr-defined]
@@ -860,7 +860,7 @@ def test_a_connection_a_burst_left_idle_goes_back_to_the_pool_after_keep_for(
         queue.send(b"y")  # a call on the newest; its end gives the oldest back
         assert oldest not in shared.idle
         assert len(shared.idle) == 2
-        queue.delete()
+        queue.delete_queue()
 
 
 def test_closing_the_last_queue_ends_the_watchdog_thread(postgres_server: LocalPostgres) -> None:
@@ -876,7 +876,7 @@ def test_closing_the_last_queue_ends_the_watchdog_thread(postgres_server: LocalP
         q.send(b"x")
     assert len(watchdogs()) == 1, "one watchdog thread for every pool"
     for q in queues:
-        q.delete()
+        q.delete_queue()
         q.close()
     if others == 0:
         assert watchdogs() == []
@@ -903,7 +903,7 @@ def test_the_password_may_come_from_libpqs_environment_or_pgpass(
         [lease] = q.lease(1, duration=5)
         assert lease.message.body == b"from PGPASSWORD"
         lease.complete()
-        q.delete()
+        q.delete_queue()
 
 
 # ------------------------------------------------- NUL characters (issue 33 item 9)

@@ -72,7 +72,7 @@ def test_a_lease_that_ends_while_the_server_is_down_is_reported_lost_and_comes_b
         with pytest.raises(LeaseLost):
             leases[0].complete()
         assert queue.complete_many(again) == [None] * 3
-        queue.delete()
+        queue.delete_queue()
 
 
 @pytest.mark.slow
@@ -138,7 +138,7 @@ def test_a_consumer_rides_out_a_server_restart(
         missing = set(bodies) - set(handled)
         assert not missing, f"{len(missing)} messages never handled; {stats}"
         assert direct.lease(1, duration=5, wait=0.5) == [], "a handled message is still queued"
-        direct.delete()
+        direct.delete_queue()
     queue.close()
 
 

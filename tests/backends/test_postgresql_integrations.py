@@ -30,7 +30,7 @@ def url(postgres_server: LocalPostgres) -> Iterator[str]:
     url = f"{postgres_server.url()}?queue=int-{uuid.uuid4().hex[:8]}"
     yield url
     with leasekit.open(url) as queue:
-        queue.delete()
+        queue.delete_queue()
 
 
 def test_an_async_consumer_handles_every_message_once(url: str) -> None:

@@ -144,4 +144,4 @@ def test_three_competing_processes_with_one_killed_lose_nothing(
     with leasekit.open(url, queue=name) as queue:
         stats = queue.stats()
         assert (stats.visible, stats.leased, stats.delayed) == (0, 0, 0)
-        queue.delete()
+        queue.delete_queue()
