@@ -323,7 +323,7 @@ def hold(args: argparse.Namespace) -> None:
             top = max((ms for ms, count in enumerate(counts) if count), default=0)
             held = leasekit.KeeperStats(
                 lateness_counts=counts,
-                lateness_max=stats.lateness_max if top == len(counts) - 1 else top / 1000,
+                lateness_max=min(stats.lateness_max, top / 1000 if top < len(counts) - 1 else 1e9),
             )
             hold_ms = [held.lateness_percentile(q, whole_run=True) * 1000 for q in (0.5, 0.99, 1)]
             lost = max(stats.lost, sum(1 for lease in leases if lease.lost_error is not None))
