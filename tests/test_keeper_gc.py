@@ -24,7 +24,9 @@ import pytest
 
 import leasekit
 from leasekit.aio import AsyncQueue
+from leasekit.backends.memory import MemoryDriver
 from leasekit.keeper import LATENESS_MS, KeeperStats
+from leasekit.message import LeaseState
 from leasekit.queue import Queue
 
 
@@ -160,3 +162,29 @@ def test_asking_an_async_lease_whether_it_is_lost_makes_no_event() -> None:
             await queue.delete_queue()
 
     asyncio.run(main())
+
+
+def test_a_batch_renewed_together_where_stale_receipts_pass_loses_only_the_expired() -> None:
+    """The together path (a keeper's batch) leaves a batch with an expired lease to the other."""
+    driver = MemoryDriver(queue=f"keeper-gc-stale-{time.monotonic_ns()}")
+    driver.capabilities = driver.capabilities.replace(detects_stale_receipts=False)
+    queue = Queue(driver)
+    queue.create()
+    try:
+        queue.send_many([b"a", b"b", b"c"])
+        leases = queue.lease(3, duration=30)
+        leases[1]._record.deadline = time.monotonic() - 1  # its time is up by core's clock
+        results = queue.renew_many(leases, 30)
+        assert results[0] is None and results[2] is None
+        assert isinstance(results[1], leasekit.LeaseLost)
+        assert [lease.state for lease in leases] == [
+            LeaseState.HELD,
+            LeaseState.LOST,
+            LeaseState.HELD,
+        ]
+        assert all(lease._record.busy is None for lease in leases), "each given back"
+        assert queue.renew_many([leases[0], leases[2]], 30) == [None, None]  # together again
+        queue.complete_many([leases[0], leases[2]])
+    finally:
+        queue.delete_queue()
+        queue.close()
