@@ -133,6 +133,9 @@ class Lease:
         """Set when the lease is found lost (by a settle or a renew, or by the keeper at expiry).
 
         Wait on it (``lease.lost.wait(timeout)``) or poll it (``lease.lost.is_set()``).
+        The event is made the first time it is asked for (six objects the garbage
+        collector tracks): to poll many leases, ``lease.lost_error is not None`` is
+        the same answer and makes nothing.
         """
         return self._record.lost_event()
 
