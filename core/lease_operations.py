@@ -686,22 +686,9 @@ class LeaseOperations:
                     raise_whole=raise_whole,
                 )
                 for (i, lease, _), result in zip(chunk, outcome, strict=True):
-                    if isinstance(result, Visibility):
-                        lost = lease._record.renewed(
-                            lease,
-                            result.receipt,
-                            result.visible_until,
-                            physical,
-                            started,
-                            late_is_lost=late_is_lost,
-                        )
-                        if lost is None:
-                            renewed.append(i)
-                        results[i] = lost
-                        continue
-                    failure = self._runner.entry_error(result, "renew")
-                    lease._record.failed(lease, failure)
-                    results[i] = failure
+                    results[i] = self._renewal_outcome(
+                        i, lease, result, physical, started, late_is_lost, renewed
+                    )
         _copy_repeats(results, repeats)
 
     def _renew_together(
@@ -742,22 +729,36 @@ class LeaseOperations:
                 record.release()
             raise
         for i, (lease, result) in enumerate(zip(leases, outcome, strict=True)):
-            if isinstance(result, Visibility):
-                lost = lease._record.renewed(
-                    lease,
-                    result.receipt,
-                    result.visible_until,
-                    physical,
-                    started,
-                    late_is_lost=late_is_lost,
-                )
-                if lost is None:
-                    renewed.append(i)
-                results[i] = lost
-                continue
-            failure = self._runner.entry_error(result, "renew")
-            lease._record.failed(lease, failure)
-            results[i] = failure
+            results[i] = self._renewal_outcome(
+                i, lease, result, physical, started, late_is_lost, renewed
+            )
+
+    def _renewal_outcome(
+        self,
+        i: int,
+        lease: Lease,
+        result: Any,
+        physical: float,
+        started: float,
+        late_is_lost: bool,
+        renewed: list[int],
+    ) -> errors.LeaseError | None:
+        """One lease's answer to a renewal: ``None`` if renewed (``i`` noted), else its error."""
+        if isinstance(result, Visibility):
+            lost = lease._record.renewed(
+                lease,
+                result.receipt,
+                result.visible_until,
+                physical,
+                started,
+                late_is_lost=late_is_lost,
+            )
+            if lost is None:
+                renewed.append(i)
+            return lost
+        failure = self._runner.entry_error(result, "renew")
+        lease._record.failed(lease, failure)
+        return failure
 
     def _drop_expired(self, taken: list[_Taken], results: list[Any]) -> list[_Taken]:
         """Leases whose time is up are lost, not renewed (stale receipts cannot be told here)."""
