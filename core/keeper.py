@@ -152,101 +152,25 @@ class KeeperProgress:
     oldest_overdue: float
 
 
-class _Table:
-    """The keeper's state of every held lease, by slot: parallel lists, no object per lease.
-
-    A process keeping 100,000 leases pauses for each full garbage collection as
-    long as it takes to walk every tracked object, and a lease is already three
-    (its :class:`Lease`, record and message); an entry object per lease was a
-    fourth (a quarter of the walk). A slot is an index into these lists; a slot
-    let go is reused. Its ``epoch`` changes whenever it is taken or let go, so
-    a batch in flight that names a slot tells whether it is still the same
-    lease's; its ``generation`` changes besides on every reschedule, so the timer
-    wheel's older entries for it are ignored. All changes are made holding the
-    keeper's lock.
-    """
-
-    __slots__ = (
-        "due",
-        "duration",
-        "epoch",
-        "failures",
-        "free",
-        "generation",
-        "in_flight",
-        "lease",
-        "planned",
-        "release_at",
-        "since",
-        "slot",
-    )
-
-    def __init__(self) -> None:
-        #: The slot of each held lease (by identity).
-        self.slot: dict[Lease, int] = {}
-        self.lease: list[Lease | None] = []
-        #: The physical lease to ask for (``None``: the lease's own).
-        self.duration: list[float | None] = []
-        #: When to stop renewing it (``None``: never).
-        self.release_at: list[float | None] = []
-        self.epoch: list[int] = []
-        self.generation: list[int] = []
-        #: When the entry is next looked at (a renewal point, a retry, or the deadline).
-        self.due: list[float] = []
-        self.in_flight: list[bool] = []
-        self.failures: list[int] = []
-        #: The renewal point the entry was dispatched for (for lateness).
-        self.planned: list[float] = []
-        #: The renewal point it has waited on since its last successful renewal
-        #: (kept across retries): how overdue its renewal is.
-        self.since: list[float] = []
-        self.free: list[int] = []
-
-    def take(
-        self, lease: Lease, duration: float | None, release_at: float | None, due: float
-    ) -> int:
-        """A slot for ``lease`` (its old one, if it had one, let go first)."""
-        previous = self.slot.get(lease)
-        if previous is not None:
-            self.let_go(previous)
-        if self.free:
-            slot = self.free.pop()
-            self.lease[slot] = lease
-            self.duration[slot] = duration
-            self.release_at[slot] = release_at
-            self.due[slot] = due
-            self.failures[slot] = 0
-            self.planned[slot] = self.since[slot] = 0.0
-        else:
-            slot = len(self.lease)
-            self.lease.append(lease)
-            self.duration.append(duration)
-            self.release_at.append(release_at)
-            self.epoch.append(0)
-            self.generation.append(0)
-            self.due.append(due)
-            self.in_flight.append(False)
-            self.failures.append(0)
-            self.planned.append(0.0)
-            self.since.append(0.0)
-        self.epoch[slot] += 1
-        self.generation[slot] += 1
-        self.in_flight[slot] = False
-        self.slot[lease] = slot
-        return slot
-
-    def let_go(self, slot: int) -> None:
-        """Forget the slot's lease (the slot is reused); its batches and timer entries go stale."""
-        lease = self.lease[slot]
-        if lease is None:
-            return
-        if self.slot.get(lease) == slot:
-            del self.slot[lease]
-        self.lease[slot] = None
-        self.epoch[slot] += 1
-        self.generation[slot] += 1
-        self.in_flight[slot] = False
-        self.free.append(slot)
+@dataclass(eq=False, slots=True)
+class _Held:
+    lease: Lease
+    duration: float | None
+    release_at: float | None
+    #: Bumped on every reschedule: timer entries of an older generation are ignored.
+    generation: int = 0
+    #: When the entry is next looked at (a renewal point, a retry, or the deadline).
+    due: float = 0.0
+    active: bool = True
+    in_flight: bool = False
+    failures: int = 0
+    #: The renewal point the entry was dispatched for (for lateness).
+    planned: float = 0.0
+    #: The renewal point it has waited on since its last successful renewal (kept
+    #: across retries): how overdue its renewal is.
+    since: float = 0.0
+    #: Its loss was counted and reported (once, whichever path found it first).
+    reported_lost: bool = False
 
 
 @dataclass(eq=False, slots=True)
@@ -256,19 +180,11 @@ class _Flight:
     Filed in the timer wheel by ``number`` (an int), not by reference, and
     forgotten when its call returns: a batch lives as long as its call, not
     until its watchdog's time (its leases' deadline, seconds later), so it dies
-    young instead of being promoted for a full collection to scan. It names
-    its leases' slots and their epochs then (a slot let go meanwhile is not its
-    lease's any more), and the table they are in (:meth:`LeaseKeeper.stop` starts
-    a new one).
+    young instead of being promoted for a full collection to scan.
     """
 
     number: int
-    table: _Table
-    slots: list[int]
-    epochs: list[int]
-    leases: list[Lease]
-    #: Each lease's renewal point (for lateness).
-    planned: list[float]
+    helds: list[_Held]
     due: float
 
 
@@ -398,13 +314,12 @@ class LeaseKeeper:
         # (seconds) outlives the young GC generations: promoted objects bring full
         # collections, each of which walks every held lease. For the same reason an
         # emptied bucket's list is kept for reuse (``_spare``), not made anew.
-        # A lease is filed by its slot in ``_table``, a batch by minus its number.
-        self._buckets: dict[int, list[int]] = {}
+        self._buckets: dict[int, list[_Held | int]] = {}
         self._keys: list[int] = []
-        self._spare: list[list[int]] = []
+        self._spare: list[list[_Held | int]] = []
         self._flights: dict[int, _Flight] = {}  # in flight, by number
         self._numbers = itertools.count(1)
-        self._table = _Table()
+        self._held: dict[Lease, _Held] = {}  # by identity: no int per lease
         self._lanes: dict[int, _Lane] = {}
         self._cond = threading.Condition()
         self._state = "new"
@@ -412,7 +327,7 @@ class LeaseKeeper:
         self._heartbeat: float | None = None  # monotonic; written by the scheduler only
 
     def __repr__(self) -> str:
-        return f"<LeaseKeeper {self._state} holding={len(self._table.slot)}>"
+        return f"<LeaseKeeper {self._state} holding={len(self._held)}>"
 
     # ------------------------------------------------------------- lifecycle
 
@@ -459,7 +374,7 @@ class LeaseKeeper:
         if cancelled:
             _log.debug("LeaseKeeper stopped: %d queued renewal(s) cancelled", cancelled)
         with self._cond:
-            self._table = _Table()  # batches still in flight keep theirs
+            self._held.clear()
             self._buckets.clear()
             self._keys.clear()
             self._spare.clear()
@@ -535,34 +450,35 @@ class LeaseKeeper:
         self.start()
         now = time.monotonic()
         release_at = None if lifetime is None else now + lifetime
-        dues: list[float] = []
+        entries = []
         spread = random.random()  # one draw per call: leases added together stay together
         due = 0.0
         key: tuple[float, float] | None = None
         for lease in leases:
+            held = _Held(lease, checked.get(id(lease.queue)), release_at)
             if (lease.deadline, lease.duration) != key:  # leases of one receive share one
                 key = (lease.deadline, lease.duration)
                 due = self._first_due(lease, spread)
-            dues.append(due)
+            held.due = due
+            entries.append(held)
         with self._cond:
             if self._state != "running":
                 raise errors.LeaseStateError("the LeaseKeeper is stopped")
-            table = self._table
-            slots = []
-            for lease, due in zip(leases, dues, strict=True):
-                slot = table.take(lease, checked.get(id(lease.queue)), release_at, due)
-                self._push(slot)
-                slots.append(slot)
-            epochs = [table.epoch[slot] for slot in slots]
-            self.stats.held = len(table.slot)
-        for lease, slot, epoch in zip(leases, slots, epochs, strict=True):
+            for held in entries:
+                previous = self._held.get(held.lease)
+                if previous is not None:
+                    previous.active = False
+                self._held[held.lease] = held
+                self._push(held)
+            self.stats.held = len(self._held)
+        for held in entries:
             # A driver that learns of losses itself (Service Bus: a reset connection
             # drops its locks) has core mark them at once; count and report those
             # here at once too, not as a silent drop at the lease's next due time.
-            if lease.queue.driver.reports_lost_leases:
-                found = lease._record.on_lost(partial(self._lost_elsewhere, table, slot, epoch))
+            if held.lease.queue.driver.reports_lost_leases:
+                found = held.lease._record.on_lost(partial(self._lost_elsewhere, held))
                 if found is not None:
-                    self._lost_elsewhere(table, slot, epoch, lease, found)
+                    self._lost_elsewhere(held, held.lease, found)
 
     def discard(self, lease: Lease) -> None:
         """Stop keeping ``lease`` alive (it stays leased until it expires or is settled)."""
@@ -571,12 +487,11 @@ class LeaseKeeper:
     def discard_many(self, leases: Iterable[Lease]) -> None:
         """Stop keeping several leases alive, in one lock round."""
         with self._cond:
-            table = self._table
             for lease in leases:
-                slot = table.slot.get(lease)
-                if slot is not None:
-                    table.let_go(slot)
-            self.stats.held = len(table.slot)
+                held = self._held.pop(lease, None)
+                if held is not None:
+                    held.active = False
+            self.stats.held = len(self._held)
 
     @contextmanager
     def hold(
@@ -594,10 +509,10 @@ class LeaseKeeper:
             self.discard(lease)
 
     def __contains__(self, lease: object) -> bool:
-        return lease in self._table.slot
+        return lease in self._held
 
     def __len__(self) -> int:
-        return len(self._table.slot)
+        return len(self._held)
 
     # --------------------------------------------------------------- progress
 
@@ -611,13 +526,11 @@ class LeaseKeeper:
         now = time.monotonic()
         thread = self._thread
         heartbeat = self._heartbeat
-        table = self._table
-        slots = list(table.slot.values())  # one atomic copy; no lock taken
-        in_flight, failures, since, due = table.in_flight, table.failures, table.since, table.due
+        helds = list(self._held.values())  # one atomic copy; no lock taken
         overdue = 0
         oldest = 0.0
-        for slot in slots:  # the lists only grow: a slot read is in them
-            waiting = since[slot] if in_flight[slot] or failures[slot] else due[slot]
+        for held in helds:
+            waiting = held.since if held.in_flight or held.failures else held.due
             late = now - waiting
             if late > 0:
                 overdue += 1
@@ -625,7 +538,7 @@ class LeaseKeeper:
         return KeeperProgress(
             running=self._state == "running" and thread is not None and thread.is_alive(),
             heartbeat_age=None if heartbeat is None else max(0.0, now - heartbeat),
-            held=len(slots),
+            held=len(helds),
             overdue=overdue,
             oldest_overdue=oldest,
         )
@@ -651,15 +564,15 @@ class LeaseKeeper:
         lead = max(self.renew_at * duration, self.margin)
         return min(lead, duration * 0.5)  # short leases: renew at half-time at the latest
 
-    def _push(self, entry: int | _Flight) -> None:
-        """File a slot or a batch at its due time (rounded down: at most TICK early); lock held."""
-        if isinstance(entry, _Flight):
-            filed, generation, due = -entry.number, 0, entry.due
+    def _push(self, entry: _Held | _Flight) -> None:
+        """File ``entry`` at its due time (rounded down: at most TICK early); call with the lock."""
+        filed: _Held | int
+        if isinstance(entry, _Held):
+            entry.generation += 1
+            filed, generation = entry, entry.generation
         else:
-            table = self._table
-            table.generation[entry] += 1
-            filed, generation, due = entry, table.generation[entry], table.due[entry]
-        key = int(due / TICK)
+            filed, generation = entry.number, 0
+        key = int(entry.due / TICK)
         bucket = self._buckets.get(key)
         if bucket is not None:
             bucket.append(filed)
@@ -680,17 +593,18 @@ class LeaseKeeper:
                 batch = self._take_due()
                 if batch is None:
                     return
-                table = self._table
                 renew, expiring = self._sort_due(batch)
-            for slot, epoch, lease, failures in expiring:
-                reason = "the renewal kept failing until the lease expired" if failures else None
-                error = lease.expire(reason)
+            for held in expiring:
+                reason = (
+                    "the renewal kept failing until the lease expired" if held.failures else None
+                )
+                error = held.lease.expire(reason)
                 if error is not None:
-                    self._report_lost(table, slot, epoch, lease, error)
-            if renew[0]:
-                self._dispatch(*renew)
+                    self._report_lost(held, error)
+            if renew:
+                self._dispatch(renew)
 
-    def _take_due(self) -> list[int | _Flight] | None:
+    def _take_due(self) -> list[_Held | _Flight] | None:
         """Wait until something is due (or stop); return the due entries, ``None`` to stop."""
         keys = self._keys
         while self._state == "running":
@@ -698,18 +612,17 @@ class LeaseKeeper:
             self._heartbeat = now
             limit = int((now + COALESCE) / TICK)
             if keys and keys[0] <= limit:
-                due: list[int | _Flight] = []
+                due: list[_Held | _Flight] = []
                 flights = self._flights
-                generations = self._table.generation
                 while keys and keys[0] <= limit:
                     bucket = self._buckets.pop(heapq.heappop(keys))
                     pairs = iter(bucket)
                     for entry, generation in zip(pairs, pairs, strict=True):
-                        if entry < 0:  # a batch's watchdog: still in flight?
-                            flight = flights.get(-entry)
+                        if isinstance(entry, int):  # a batch's watchdog: still in flight?
+                            flight = flights.get(entry)
                             if flight is not None:
                                 due.append(flight)
-                        elif generations[entry] == generation:
+                        elif entry.active and entry.generation == generation:
                             due.append(entry)
                     bucket.clear()
                     if len(self._spare) < SPARE_BUCKETS:
@@ -719,154 +632,107 @@ class LeaseKeeper:
             self._cond.wait(min(timeout, HEARTBEAT))
         return None
 
-    def _sort_due(
-        self, due: list[int | _Flight]
-    ) -> tuple[tuple[list[int], list[int], list[Lease]], list[tuple[int, int, Lease, int]]]:
+    def _sort_due(self, due: list[_Held | _Flight]) -> tuple[list[_Held], list[_Held]]:
         """Split due entries (lock held): leases to renew, and leases whose time is up.
 
-        To renew: their slots, epochs and leases (three lists). Whose time is up:
-        slot, epoch, lease and failures each. A batch in flight is due at the
-        earliest deadline of its leases: those whose time is up while the call
-        hangs are marked lost (by the caller, without the lock); the batch is
-        looked at again at the next deadline.
+        A batch in flight is due at the earliest deadline of its leases: those
+        whose time is up while the call hangs are marked lost (by the caller,
+        without the lock); the batch is looked at again at the next deadline.
         """
         now = time.monotonic()
-        table = self._table
-        slots: list[int] = []
-        epochs: list[int] = []
-        leases: list[Lease] = []
-        expiring: list[tuple[int, int, Lease, int]] = []
+        renew: list[_Held] = []
+        expiring: list[_Held] = []
         for entry in due:
             if isinstance(entry, _Flight):
-                later = []
-                for slot, epoch, lease in zip(entry.slots, entry.epochs, entry.leases, strict=True):
-                    if table.epoch[slot] != epoch or not table.in_flight[slot]:
-                        continue
-                    if now >= lease.deadline:
-                        expiring.append((slot, epoch, lease, table.failures[slot]))
-                    else:
-                        later.append(lease.deadline)
+                waiting = [h for h in entry.helds if h.in_flight and h.active]
+                expiring += [h for h in waiting if now >= h.lease.deadline]
+                later = [h.lease.deadline for h in waiting if now < h.lease.deadline]
                 if later:
                     entry.due = min(later)
                     self._push(entry)
                 continue
-            slot = entry
-            if table.in_flight[slot]:
+            held = entry
+            if held.in_flight:
                 continue  # its batch's watchdog looks after it
-            held = table.lease[slot]
-            assert held is not None  # a current generation: the slot is held
-            if held.state is not LeaseState.HELD:
-                self._let_go(table, slot)  # settled, or found lost by its holder
+            lease = held.lease
+            if lease.state is not LeaseState.HELD:
+                self._forget(held)  # settled, or found lost by its holder
                 continue
-            if now >= held.deadline:
-                expiring.append((slot, table.epoch[slot], held, table.failures[slot]))
+            if now >= lease.deadline:
+                expiring.append(held)
                 continue
-            slots.append(slot)
-            epochs.append(table.epoch[slot])
-            leases.append(held)
-        return (slots, epochs, leases), expiring
+            renew.append(held)
+        return renew, expiring
 
-    def _dispatch(self, slots: list[int], epochs: list[int], leases: list[Lease]) -> None:
+    def _dispatch(self, due: list[_Held]) -> None:
         """Group due leases by queue and duration; hand each batch to its queue's lane."""
-        groups: dict[tuple[int, float], tuple[list[int], list[int], list[Lease]]] = {}
-        capped: list[tuple[int, int, float]] = []
-        table = self._table
+        groups: dict[tuple[int, float], list[_Held]] = {}
         now = time.monotonic()
-        for slot, epoch, lease in zip(slots, epochs, leases, strict=True):
-            # Read without the lock: a slot let go meanwhile is dropped below, under it.
-            release_at, duration = table.release_at[slot], table.duration[slot]
-            if release_at is not None and now >= release_at:
-                self._release(table, slot, epoch, lease)
+        for held in due:
+            if held.release_at is not None and now >= held.release_at:
+                self._release(held)
                 continue
-            wanted = duration if duration is not None else lease.duration
+            lease = held.lease
+            wanted = held.duration if held.duration is not None else lease.duration
             seconds = lease.queue.renewable_for(lease, wanted)  # the backend's total cap
             if seconds is None:
-                self._release(table, slot, epoch, lease)
+                self._release(held)
                 continue
-            if seconds < wanted and duration is None:
+            if seconds < wanted and held.duration is None:
                 # Capped: keep asking for the lease's own duration, not the shortened
                 # one this renewal sets, so the keeper lets go rather than renew in slivers.
-                capped.append((slot, epoch, wanted))
-            group = groups.get((id(lease.queue), seconds))
-            if group is None:
-                group = groups[(id(lease.queue), seconds)] = ([], [], [])
-            group[0].append(slot)
-            group[1].append(epoch)
-            group[2].append(lease)
+                held.duration = wanted
+            groups.setdefault((id(lease.queue), seconds), []).append(held)
         lateness = self.stats.lateness
         if len(lateness) > 200_000:
             del lateness[:100_000]
         with self._cond:
             if self._state != "running":
                 return
-            for slot, epoch, wanted in capped:
-                if table.epoch[slot] == epoch:
-                    table.duration[slot] = wanted
-            for (queue_id, seconds), (g_slots, g_epochs, g_leases) in groups.items():
-                queue = g_leases[0].queue
+            for (queue_id, seconds), group in groups.items():
+                queue = group[0].lease.queue
                 lane = self._lanes.get(queue_id)
                 if lane is None:
                     lane = self._lanes[queue_id] = _Lane(queue.name, self._workers)
                 size = max(1, queue.capabilities.max_renew_batch)
-                for start in range(0, len(g_slots), size):
-                    batch: list[int] = []
-                    batch_epochs: list[int] = []
-                    batch_leases: list[Lease] = []
-                    planned: list[float] = []
-                    for slot, epoch, lease in zip(
-                        g_slots[start : start + size],
-                        g_epochs[start : start + size],
-                        g_leases[start : start + size],
-                        strict=True,
-                    ):
-                        if table.epoch[slot] != epoch:
-                            continue  # let go since it was found due
-                        table.in_flight[slot] = True
-                        table.planned[slot] = table.due[slot]
-                        if not table.failures[slot]:
-                            table.since[slot] = table.due[slot]
-                        batch.append(slot)
-                        batch_epochs.append(epoch)
-                        batch_leases.append(lease)
-                        planned.append(table.due[slot])
-                    if not batch:
-                        continue
+                for start in range(0, len(group), size):
+                    batch = group[start : start + size]
+                    for held in batch:
+                        held.in_flight = True
+                        held.planned = held.due
+                        if not held.failures:
+                            held.since = held.due
                     number = next(self._numbers)
-                    flight = _Flight(
-                        number,
-                        table,
-                        batch,
-                        batch_epochs,
-                        batch_leases,
-                        planned,
-                        min(lease.deadline for lease in batch_leases),
-                    )
+                    flight = _Flight(number, batch, min(held.lease.deadline for held in batch))
                     self._flights[number] = flight
                     self._push(flight)  # the watchdog of the batch's deadlines
                     lane.submit(partial(self._renew, flight, seconds))
 
-    def _release(self, table: _Table, slot: int, epoch: int, lease: Lease) -> None:
+    def _release(self, held: _Held) -> None:
         """Stop renewing (max lifetime or the backend's total cap reached).
 
         The message comes back to the queue when its physical lease runs out.
         """
         with self._cond:
-            if table.epoch[slot] == epoch:
-                self._let_go(table, slot)
+            if self._held.get(held.lease) is held:
+                del self._held[held.lease]
+            held.active = False
             self.stats.released_at_max_lifetime += 1
+            self.stats.held = len(self._held)
         _log.warning(
             "stopped renewing message %r (max lifetime or the backend's total lease cap); "
             "it returns to the queue",
-            lease.message.id,
+            held.lease.message.id,
         )
 
     def _renew(self, flight: _Flight, seconds: float) -> None:
         """A lane's job: renew one batch, then reschedule, retry or report each lease."""
-        leases = flight.leases
+        group = flight.helds
         started = time.monotonic()
         # Lateness is measured when the renewal call starts, queueing included.
-        lateness = [max(0.0, started - planned) for planned in flight.planned]
+        lateness = [max(0.0, started - held.planned) for held in group]
         self.stats.lateness.extend(lateness)
+        leases = [held.lease for held in group]
         queue: Queue = leases[0].queue
         results: list[errors.LeaseError | errors.LeaseStateError | None]
         try:
@@ -879,83 +745,69 @@ class LeaseKeeper:
         # One random offset for the whole batch: its leases stay together (one call
         # next time too) while batches drift apart, so a burst of leases spreads out.
         lead = self._lead(seconds) + random.random() * JITTER * seconds
-        table = flight.table
-        lost: list[tuple[Lease, errors.LeaseLost]] = []
+        lost: list[tuple[_Held, errors.LeaseLost]] = []
         with self._cond:
             self._flights.pop(flight.number, None)  # its watchdog entry is ignored now
             self.stats._count(lateness)
-            running = self._state == "running"
-            for slot, epoch, lease, result in zip(
-                flight.slots, flight.epochs, leases, results, strict=True
-            ):
-                if table.epoch[slot] != epoch:
-                    continue  # let go meanwhile (discarded, or found lost at its deadline)
-                table.in_flight[slot] = False
+            for held, result in zip(group, results, strict=True):
+                held.in_flight = False
                 if isinstance(result, errors.LeaseLost):
-                    self._claim_lost(table, slot)  # report it even while stopping
-                    lost.append((lease, result))
+                    if held.active:  # report it even while stopping
+                        lost.append((held, result))
+                        self._forget(held)
                     continue
-                if not running:
+                if not held.active or self._state != "running":
                     continue
+                lease = held.lease
                 if result is None:
                     self.stats.renewed += 1
-                    table.failures[slot] = 0
-                    table.due[slot] = lease.deadline - lead
-                    self._push(slot)
+                    held.failures = 0
+                    held.due = lease.deadline - lead
+                    self._push(held)
                 elif isinstance(result, errors.LeaseStateError):
-                    self._let_go(table, slot)  # settled by its holder meanwhile
+                    self._forget(held)  # settled by its holder meanwhile
                 else:
                     if not isinstance(result, errors.BackendUnavailable):
                         _log.warning("renewal of %r failed: %s", lease.message.id, result)
-                    self._retry(slot, lease, now)
-        for lease, error in lost:
-            self._tell_lost(lease, error)
+                    self._retry(held, now)
+        for held, error in lost:
+            self._report_lost(held, error)
 
-    def _retry(self, slot: int, lease: Lease, now: float) -> None:
+    def _retry(self, held: _Held, now: float) -> None:
         """A failed renewal (lock held): retry with backoff; at the deadline the lease is lost."""
-        table = self._table
         self.stats.transient_failures += 1
-        table.failures[slot] += 1
-        backoff = lease.queue.retry_policy.backoff(table.failures[slot])
-        left = lease.deadline - now
-        table.due[slot] = min(now + min(backoff, RETRY_WITHIN * left), lease.deadline)
-        self._push(slot)
+        held.failures += 1
+        backoff = held.lease.queue.retry_policy.backoff(held.failures)
+        left = held.lease.deadline - now
+        held.due = min(now + min(backoff, RETRY_WITHIN * left), held.lease.deadline)
+        self._push(held)
 
-    def _lost_elsewhere(
-        self, table: _Table, slot: int, epoch: int, lease: Lease, error: errors.LeaseLost
-    ) -> None:
+    def _lost_elsewhere(self, held: _Held, lease: Lease, error: errors.LeaseLost) -> None:
         """A kept lease core marked lost outside the keeper (a driver's report): report it."""
-        self._report_lost(table, slot, epoch, lease, error)
+        if held.active:
+            self._report_lost(held, error)
 
-    def _report_lost(
-        self, table: _Table, slot: int, epoch: int, lease: Lease, error: errors.LeaseLost
-    ) -> None:
+    def _report_lost(self, held: _Held, error: errors.LeaseLost) -> None:
         """Count a lost lease and tell ``on_lost``, once per lease (no lock held).
 
         Two paths can find the same loss at the lease's deadline: the scheduler
         expiring it while its renewal hangs, and that renewal coming back
-        ``LeaseLost`` as its call's deadline (the lease's) runs out. The first
-        lets go of the lease's slot; the second finds it let go.
+        ``LeaseLost`` as its call's deadline (the lease's) runs out.
         """
         with self._cond:
-            if table.epoch[slot] != epoch:
+            if held.reported_lost:
                 return
-            self._claim_lost(table, slot)
-        self._tell_lost(lease, error)
-
-    def _claim_lost(self, table: _Table, slot: int) -> None:
-        """Count the slot's lease lost and let it go (lock held; the caller checked its epoch)."""
-        self.stats.lost += 1
-        self._let_go(table, slot)
-
-    def _tell_lost(self, lease: Lease, error: errors.LeaseLost) -> None:
-        """Call ``on_lost`` for a loss just counted (no lock held)."""
+            held.reported_lost = True
+            self.stats.lost += 1
+            self._forget(held)
         if self.on_lost is not None:
             try:
-                self.on_lost(lease, error)
+                self.on_lost(held.lease, error)
             except Exception:
-                _log.exception("keeper on_lost callback failed for %r", lease)
+                _log.exception("keeper on_lost callback failed for %r", held.lease)
 
-    def _let_go(self, table: _Table, slot: int) -> None:
-        table.let_go(slot)
-        self.stats.held = len(self._table.slot)
+    def _forget(self, held: _Held) -> None:
+        held.active = False
+        if self._held.get(held.lease) is held:
+            del self._held[held.lease]
+        self.stats.held = len(self._held)
