@@ -47,14 +47,14 @@ typecheck: $(VENV)/.installed-test
 layers: $(VENV)/.installed-test
 	$(BIN)/python tools/check_layers.py
 
-# The suite mostly waits (on leases, outages, servers), so it runs in 10 workers
+# The suite mostly waits (on leases, outages, servers), so it runs in 12 workers
 # on 2 cores; tests/_order.py gives each worker an equal share by measured time
 # for xdist's worksteal scheduler. Bytecode is written even where the machine
 # sets PYTHONDONTWRITEBYTECODE, and one collection compiles every module and
 # rewrites every test's asserts once, before the workers start from that cache.
 pytest: $(VENV)/.installed-test node_modules/.installed .system-packages
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest --collect-only -q > /dev/null || true
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n 10 --dist worksteal --durations=15
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n 12 --dist worksteal --durations=15
 
 test: lint typecheck layers pytest
 
