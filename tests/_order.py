@@ -19,7 +19,7 @@ stay together in one slice, in their own order.
 
 Refresh the durations after adding slow tests::
 
-    .venv/bin/python -m pytest -n 8 --dist worksteal --record-durations=tests/durations.json
+    .venv/bin/python -m pytest -n 12 --dist worksteal --record-durations=tests/durations.json
 
 Without ``PYTEST_XDIST_WORKER_COUNT`` (a plain run, or ``-p no:xdist``) the order
 is pytest's own.
