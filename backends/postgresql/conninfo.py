@@ -5,15 +5,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from leasekit.errors import InvalidURL
 from leasekit.redaction import remember_secret
 
 from .settings import CONNECT_TIMEOUT, OWN_OPTIONS
-
-if TYPE_CHECKING:
-    pass
 
 
 def _quote(name: str) -> str:

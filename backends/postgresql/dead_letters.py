@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from leasekit import dead_letter_format as marks
 from leasekit.spi import (
@@ -17,9 +17,6 @@ from leasekit.spi import (
 from .driver import PostgresqlDriver
 from .receipts import _joined, _lost, _props
 from .statements import _ABANDON_DEAD, _DELETE_DEAD, _RECEIVE_DEAD, _RENEW_DEAD
-
-if TYPE_CHECKING:
-    pass
 
 
 class PostgresqlDeadLetters(PostgresqlDriver):

@@ -87,8 +87,6 @@ CAPABILITIES = Capabilities(
     ordered=True,
 )
 
-#: Largest body: PostgreSQL's limit on one field (1 GB), less a margin.
-
 
 class PostgresqlDriver(Driver):
     """Driver for one queue in a PostgreSQL database.

@@ -5,17 +5,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from leasekit.spi import (
     DriverError,
     ErrorCode,
 )
 
-if TYPE_CHECKING:
-    pass
-
-
+#: Largest body: PostgreSQL's limit on one field (1 GB), less a margin.
 MAX_FIELD = 1_000_000_000
 
 

@@ -2,12 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    pass
-
-
 # ----------------------------------------------------------------- schema
 
 #: The current schema version (the last migration's).

@@ -2,12 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    pass
-
-
 DAY = 24 * 3600.0
 #: Per-call batch limit: one receive, renew, delete or send of this many is one
 #: transaction of a few statements; larger ones hold row locks longer.

@@ -2,12 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    pass
-
-
 _QUEUE_ID = "(SELECT id FROM {s}.queues WHERE name = %(queue)s)"
 
 #: Rows are inserted in the list's order (``ORDER BY r.n``), so ``seq`` is the
