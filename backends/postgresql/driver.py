@@ -572,17 +572,7 @@ class PostgresqlDriver(Driver):
             ).fetchall()
             if not rows:
                 self._check_exists(conn)
-        return [
-            DeadLetter(
-                id=str(i),
-                body=bytes(b),
-                reason=r,
-                delivery_count=c,
-                properties=_props(p),
-                group=g,
-            )
-            for i, b, r, c, p, g in rows
-        ]
+        return _dead_letters(rows)
 
     def dead_letters_after(self, after: str, limit: int) -> list[DeadLetter]:
         """The ``limit`` dead letters after ``after``: two index reads, one page of rows."""
@@ -601,17 +591,7 @@ class PostgresqlDriver(Driver):
                 self._q("dead_letters_after", _DEAD_LETTERS_AFTER),
                 {"queue": self.queue, "seq": found[0], "limit": limit},
             ).fetchall()
-        return [
-            DeadLetter(
-                id=str(i),
-                body=bytes(b),
-                reason=r,
-                delivery_count=c,
-                properties=_props(p),
-                group=g,
-            )
-            for i, b, r, c, p, g in rows
-        ]
+        return _dead_letters(rows)
 
     def peek(self, limit: int) -> list[RawMessage]:
         """Up to ``limit`` visible messages, without leasing them (no receipt)."""
@@ -714,3 +694,13 @@ class PostgresqlDriver(Driver):
     def close(self) -> None:
         """Close the pool (a sibling shares it; closing either closes it)."""
         self._shared.close()
+
+
+def _dead_letters(rows: Sequence[Any]) -> list[DeadLetter]:
+    """Dead letters from rows of (id, body, reason, count, properties, group)."""
+    return [
+        DeadLetter(
+            id=str(i), body=bytes(b), reason=r, delivery_count=c, properties=_props(p), group=g
+        )
+        for i, b, r, c, p, g in rows
+    ]
