@@ -108,9 +108,10 @@ def test_a_kept_lease_is_four_tracked_objects(queue: Queue) -> None:
 def test_renewals_leave_no_tracked_object_per_lease(queue: Queue) -> None:
     n = 500
     queue.send_many([b"x"] * n)
-    # Short leases, so that renewals come quickly; 1.5 s, not shorter, so that a
-    # loaded machine (ten test workers on two cores) does not let one lapse.
-    leases = queue.lease(n, duration=1.5)
+    # Short leases, so that renewals come quickly; 3 s, not shorter, so that a
+    # loaded machine (twelve test workers on two cores) lets none lapse: with
+    # 1.5 s leases one of 500 was lost in a fresh clone's run.
+    leases = queue.lease(n, duration=3)
     with leasekit.LeaseKeeper() as keeper:
         keeper.add_many(leases)
         deadline = time.monotonic() + 30
