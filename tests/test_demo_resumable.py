@@ -11,8 +11,11 @@ def test_jobs_resume_from_their_checkpoints_and_every_step_is_run() -> None:
     )
     assert run.completed
     assert run.steps_run >= 6 * 5 and run.steps_redone == run.steps_run - 30
-    assert run.checkpoints_saved >= 6 * 5  # one per step run (a redone step saves again)
-    # a kill lands at most between one step and its checkpoint: one step redone per kill
+    # A step's row, its checkpoint and the row saying it was saved are three writes, and
+    # a kill lands at most once between the first and the last: before the checkpoint,
+    # the step is redone; after it, the step is not redone but its save goes unrecorded.
+    # Either way one step without a recorded save per kill, at most.
+    assert 0 <= run.steps_run - run.checkpoints_saved <= run.workers_killed
     assert run.steps_redone <= run.workers_killed
     header, row = resumable_rows((run,))
     assert header[0] == "" and row[0] == "with checkpoints" and row[1] == "30"

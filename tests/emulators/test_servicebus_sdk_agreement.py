@@ -87,10 +87,12 @@ def body(message: Any) -> bytes:
 def test_auto_lock_renewer_keeps_fifty_locks_of_one_receiver(
     client: ServiceBusClient, servicebus_server: Any
 ) -> None:
-    # 5 s, Service Bus' shortest lock: the renewer renews 0.75 x the whole seconds
-    # left before expiry and its dispatcher sleeps 0.5 s between rounds, so shorter
-    # locks race its own timing on a loaded machine.
-    queue = servicebus_server.create_queue(lock_duration=5)
+    # The renewer renews when 0.75 x the whole seconds left at registration remain
+    # and its dispatcher sleeps 0.5 s between rounds. With 5 s locks (Service Bus'
+    # shortest) that left it 3 s, and a CI run of twelve test workers on two cores
+    # starved its six threads past that: all 50 locks lapsed before one renewal
+    # (the emulator answers 50 renewals in 50 ms here). 10 s locks give it 6.75 s.
+    queue = servicebus_server.create_queue(lock_duration=10)
     send(client, queue, *(ServiceBusMessage(f"m{i}") for i in range(50)))
     failures: list[tuple[Any, BaseException | None]] = []
     renewer = AutoLockRenewer(
