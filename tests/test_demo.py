@@ -50,19 +50,20 @@ def test_demo_survives_killed_and_frozen_workers(tmp_path: Path) -> None:
 def test_time_limit_reports_unprocessed_messages_as_still_in_the_queue(tmp_path: Path) -> None:
     started = time.monotonic()
     summary = run_demo(
-        messages=6000,  # far more than 4 s of 1 worker x 2 threads can process
+        messages=6000,  # far more than 6 s of 1 worker x 2 threads can process
         workers=1,
         concurrency=2,
         lease=0.5,
-        kill_every=0.6,  # a kill, so some messages are leased by a dead worker at the end
+        # Kills at 2.5 s and 5 s: each worker process has 2.5 s to start and process
+        # some. A kill every 0.6 s (and a freeze) left the one worker no time to start
+        # under a parallel suite beside a busy process: 0 processed in 4 s.
+        kill_every=2.5,
         directory=str(tmp_path),
         progress=False,
-        # Long enough for a worker process to start and process some on a loaded
-        # machine (2 s was not, under a parallel suite: 0 processed).
-        time_limit=4,
+        time_limit=6,
         seed=3,
     )
-    assert time.monotonic() - started < 4 + 10  # stop, audit and shutdown are bounded
+    assert time.monotonic() - started < 6 + 10  # stop, audit and shutdown are bounded
     assert summary.timed_out and not summary.ok
     assert summary.workers_killed >= 1
     assert 0 < summary.processed < 6000
@@ -72,7 +73,7 @@ def test_time_limit_reports_unprocessed_messages_as_still_in_the_queue(tmp_path:
     rows = dict(summary_rows(summary))
     assert rows["unprocessed at the time limit, still in the queue"] == str(summary.unprocessed)
     assert rows["lost (neither processed, queued nor dead-lettered)"] == "0"
-    assert rows["time limit (seconds)"] == "4"
+    assert rows["time limit (seconds)"] == "6"
     outcome, sentence = verdict(summary)
     assert outcome == "time limit"
     assert f"the other {summary.unprocessed} are still in the queue, none lost" in sentence
