@@ -1,10 +1,10 @@
-"""The Service Bus driver calls its one receiver from several threads at once.
+"""Many threads renew and settle through the Service Bus driver beside a waiting receive.
 
-The driver used to take turns on the receiver (one SDK call at a time) because
-leasekit's emulator closed the connection when the SDK made management calls at
-once; the service never did (see ``tests/emulators/test_servicebus_sdk_agreement.py``).
-Now only receives take turns; renewals and settles run beside them and beside
-each other, as the SDK's own ``AutoLockRenewer`` renews from a thread pool.
+The driver's calls on one SDK receiver take turns (``links.Gate``), settles and
+renewals before receives, so that none waits for a receive's long poll; the SDK
+is not safe for two management requests in flight on one receiver (see
+``tests/emulators/test_servicebus_sdk_agreement.py``), and they would wait on each
+other's socket reads anyway.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ from leasekit.queue import Queue
 pytest.importorskip("azure.servicebus")
 pytest.importorskip("proton", reason="the Service Bus emulator needs python-qpid-proton")
 
-LOCK = 1.0
+# Not about expiry: 8 threads x 5 renewals take turns on one connection, and with
+# 1 s locks four lapsed before their turn in a run beside a busy process.
+LOCK = 3.0
 THREADS = 8
 
 
@@ -78,7 +80,7 @@ def test_renewals_and_settles_from_many_threads_beside_a_waiting_receive(queue: 
     waiting.join(10)
     assert errors == []
     assert all(lease.expires_at > first_expiry for lease in leases)
-    # No renewal waited for the receive's turn: at most a socket read (0.05 s) and
-    # the round trips of the others.
-    assert slowest[0] < 1.0
+    # No renewal waited for the receive (a 2 s long poll): at most a socket read
+    # (0.05 s) and the turns of the others, slow on a loaded machine.
+    assert slowest[0] < 1.5
     assert queue.lease(1, wait=LOCK + 0.5) == []
