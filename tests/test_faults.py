@@ -551,7 +551,7 @@ def test_no_lease_is_lost_to_a_short_cut_that_ends_well_before_expiry(
 def test_no_lease_is_lost_to_a_cut_over_the_keepers_renewal_point(
     fault_target: FaultTarget, record_property: RecordProperty, cut: float
 ) -> None:
-    """6 s leases, connections dropped from 3 s: the first renewal (due at 3.6-4.2 s) falls in the cut.
+    """6 s leases, connections dropped from 3 s: the first renewal (3.6-4.2 s) falls in the cut.
 
     The network is back 1.6 s (1.4 s for the 1.6 s cut) before the leases
     expire: the renewal, failing in the cut and retried within the leases'
