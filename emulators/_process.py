@@ -138,6 +138,10 @@ class ServerProcess:
             f"{self.start_timeout:.0f} s:\n{out[-4000:]}"
         )
 
+    def exit_code(self) -> int | None:
+        """The child's exit code once it has exited (negative: the signal), else ``None``."""
+        return None if self._proc is None else self._proc.poll()
+
     def output(self) -> str:
         """Everything the child printed so far."""
         if self._log is None:

@@ -1,0 +1,50 @@
+"""The report of a failed test names a server among its fixtures that has died."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+
+from _fixtures.server_exits import dead_servers
+
+from leasekit.emulators._process import ServerProcess, free_port
+
+# Listens, says goodbye, exits with code 3 once a client has connected.
+SERVER = """
+import socket, sys
+s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen()
+s.accept()
+print("goodbye from the server", flush=True)
+sys.exit(3)
+"""
+
+
+@dataclass
+class _Server:
+    process: ServerProcess
+
+
+def test_a_dead_server_is_found_with_its_exit_code_and_output() -> None:
+    port = free_port()
+    process = ServerProcess([sys.executable, "-c", SERVER, str(port)], port, name="dies")
+    process.start()  # its port answered: the server accepted and is exiting
+    try:
+        deadline = time.monotonic() + 10
+        while process.exit_code() is None and time.monotonic() < deadline:
+            time.sleep(0.02)  # a poll with a deadline
+        found = dead_servers({"server": _Server(process), "other": 1, "itself": process})
+        assert [name for name, _ in found] == ["server", "itself"]
+        assert process.exit_code() == 3
+        assert "goodbye from the server" in process.output()
+    finally:
+        process.stop()
+
+
+def test_a_live_server_is_not_reported() -> None:
+    port = free_port()
+    with ServerProcess(
+        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)], port, name="lives"
+    ) as process:
+        assert dead_servers({"server": _Server(process)}) == []
+        assert process.exit_code() is None
