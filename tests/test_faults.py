@@ -175,13 +175,15 @@ def test_a_hung_endpoint_delays_no_other_queues_renewals(
 def test_keeper_stop_returns_promptly_while_renewals_hang(
     fault_target: FaultTarget, record_property: RecordProperty
 ) -> None:
-    proxied, direct = fault_target.queues(lease=3)
+    # 6 s leases: with 3 s ones, a run beside a busy process saw all four expire
+    # before any renewal started (each lost "1.5 s ago"), and nothing to stop.
+    proxied, direct = fault_target.queues(lease=6)
     direct.send_many([b"%d" % i for i in range(4)])
-    leases = _lease_all(proxied, 4, duration=3)
+    leases = _lease_all(proxied, 4, duration=6)
     keeper = LeaseKeeper()
     keeper.add_many(leases)
-    fault_target.proxy.blackhole()  # the renewals, due in about a second, go into it
-    _wait_until(lambda: any(lz._record.busy == "renew" for lz in leases), 3, "renewals in flight")
+    fault_target.proxy.blackhole()  # the renewals, due in about 4 s, go into it
+    _wait_until(lambda: any(lz._record.busy == "renew" for lz in leases), 8, "renewals in flight")
     started = time.monotonic()
     keeper.stop()
     stopped = time.monotonic() - started
