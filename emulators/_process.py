@@ -11,19 +11,37 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import IO
 
-__all__ = ["ServerProcess", "ServerStartError", "free_port", "python_module", "wait_for_port"]
+__all__ = [
+    "PORTS_ENV",
+    "ServerProcess",
+    "ServerStartError",
+    "free_port",
+    "python_module",
+    "wait_for_port",
+]
 
 LOOPBACK = "127.0.0.1"
+
+#: Environment variable ``FIRST-LAST``: :func:`free_port` takes ports from this
+#: range only. leasekit's test run gives each parallel worker a range of its own,
+#: below the kernel's ephemeral ports, so that two workers never pick the same
+#: port and no client connection holds one as its local port.
+PORTS_ENV = "LEASEKIT_TEST_PORTS"
+
+_ports_lock = threading.Lock()
+_next_port: dict[tuple[int, int], int] = {}  # range -> where the next search starts
 
 
 class ServerStartError(RuntimeError):
@@ -33,14 +51,51 @@ class ServerStartError(RuntimeError):
 def free_port(host: str = LOOPBACK) -> int:
     """Return a TCP port on ``host`` that is free right now.
 
-    The port is released before returning, so another process could take it;
-    on a loopback address in a test run that race is rare and shows as a clear
-    start error rather than a hang.
+    The port is released before returning, so another process could take it
+    before the server binds it. Where :data:`PORTS_ENV` names a range, the port
+    comes from it, each call of a process after the last one's port, so neither
+    another worker of the test run nor this one's next call takes the same port.
+    Otherwise the kernel picks one of its ephemeral ports: a parallel test run
+    picked the same port twice, and a server that could not bind it was taken
+    for started because the other one answered on it.
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+    span = _port_range()
+    if span is None:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port: int = sock.getsockname()[1]
+            return port
+    first, last = span
+    size = last - first + 1
+    with _ports_lock:
+        start = _next_port.get(span, first + random.randrange(size))
+        for step in range(size):
+            candidate = first + (start - first + step) % size
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((host, candidate))
+                except OSError:
+                    continue
+            _next_port[span] = first + (candidate - first + 1) % size
+            return candidate
+    raise OSError(f"no free port on {host} in {PORTS_ENV}={first}-{last}")
+
+
+def _port_range() -> tuple[int, int] | None:
+    """``(first, last)`` from :data:`PORTS_ENV`, or ``None`` if it is not set."""
+    text = os.environ.get(PORTS_ENV, "").strip()
+    if not text:
+        return None
+    first_text, _, last_text = text.partition("-")
+    try:
+        first, last = int(first_text), int(last_text)
+    except ValueError:
+        raise ValueError(
+            f"{PORTS_ENV} must be FIRST-LAST (two port numbers), not {text!r}"
+        ) from None
+    if not 1 <= first <= last <= 65535:
+        raise ValueError(f"{PORTS_ENV}={text!r} is not a range of TCP ports")
+    return first, last
 
 
 def wait_for_port(host: str, port: int, timeout: float) -> bool:
@@ -130,7 +185,16 @@ class ServerProcess:
                     f"listening on {self.host}:{self.port}:\n{out[-4000:]}"
                 )
             if wait_for_port(self.host, self.port, timeout=0.2):
-                return self
+                if self._proc.poll() is None:
+                    return self
+                # Another process answered on the port this one could not bind (caught
+                # only if the child has died by now; PORTS_ENV keeps workers apart).
+                out = self.output()
+                self.stop()
+                raise ServerStartError(
+                    f"{self.name} exited with code {self._proc.returncode}, and something "
+                    f"else answers on {self.host}:{self.port}:\n{out[-4000:]}"
+                )
         out = self.output()
         self.stop()
         raise ServerStartError(

@@ -1,14 +1,17 @@
-"""The report of a failed test names a server among its fixtures that has died."""
+"""Test servers: a dead one is named in a failed test's report; workers never share a port."""
 
 from __future__ import annotations
 
+import itertools
+import socket
 import sys
 import time
 from dataclasses import dataclass
 
+import pytest
 from _fixtures.server_exits import dead_servers
 
-from leasekit.emulators._process import ServerProcess, free_port
+from leasekit.emulators._process import PORTS_ENV, ServerProcess, free_port
 
 # Listens, says goodbye, exits with code 3 once a client has connected.
 SERVER = """
@@ -48,3 +51,24 @@ def test_a_live_server_is_not_reported() -> None:
     ) as process:
         assert dead_servers({"server": _Server(process)}) == []
         assert process.exit_code() is None
+
+
+def test_free_ports_come_from_the_range_named_and_never_twice_in_a_row(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        monkeypatch.setenv(PORTS_ENV, f"{taken}-{taken + 2}")
+        ports = [free_port() for _ in range(4)]
+    assert taken not in ports  # in use: skipped
+    assert set(ports) <= {taken + 1, taken + 2}
+    assert all(a != b for a, b in itertools.pairwise(ports))
+
+
+@pytest.mark.parametrize("text", ["20000", "x-y", "30000-20000", "0-10"])
+def test_a_bad_port_range_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    monkeypatch.setenv(PORTS_ENV, text)
+    with pytest.raises(ValueError, match=PORTS_ENV):
+        free_port()
