@@ -137,7 +137,9 @@ def test_auto_lock_renewer_keeps_fifty_locks_of_one_receiver(
 def test_concurrent_peeks_and_renewals_from_threads_on_one_receiver(
     client: ServiceBusClient, servicebus_server: Any
 ) -> None:
-    queue = servicebus_server.create_queue(lock_duration=5)
+    # Longer than the test: beside a busy process, 8 threads' 80 calls on one receiver
+    # outlasted 5 s locks (every renewal lock-lost). Nothing here waits for expiry.
+    queue = servicebus_server.create_queue(lock_duration=30)
     send(client, queue, *(ServiceBusMessage(f"m{i}") for i in range(8)))
     errors: list[BaseException] = []
     with client.get_queue_receiver(queue) as receiver:
@@ -173,7 +175,9 @@ def test_concurrent_peeks_and_renewals_from_asyncio_tasks_on_one_receiver(
 
 
 async def _concurrent_tasks(server: Any) -> None:
-    queue = server.create_queue(lock_duration=5)
+    # Longer than the test: 8 tasks' 160 calls on one receiver must not race the locks
+    # on a busy machine (the threads' test above lost all 8 to 5 s locks once).
+    queue = server.create_queue(lock_duration=30)
     async with AsyncServiceBusClient.from_connection_string(
         server.connection_string, retry_total=0
     ) as sb:
