@@ -60,10 +60,13 @@ def test_free_ports_come_from_the_range_named_and_never_twice_in_a_row(
         held.bind(("127.0.0.1", 0))
         held.listen()
         taken = held.getsockname()[1]
-        monkeypatch.setenv(PORTS_ENV, f"{taken}-{taken + 2}")
+        # 20 ports after it: other processes' connections may hold some of them
+        # (the held port is an ephemeral one), not all.
+        last = min(taken + 20, 65535)
+        monkeypatch.setenv(PORTS_ENV, f"{taken}-{last}")
         ports = [free_port() for _ in range(4)]
     assert taken not in ports  # in use: skipped
-    assert set(ports) <= {taken + 1, taken + 2}
+    assert all(taken < port <= last for port in ports)
     assert all(a != b for a, b in itertools.pairwise(ports))
 
 
