@@ -164,7 +164,7 @@ def test_a_settle_does_not_wait_for_another_links_turn(queue: Queue) -> None:
     assert queue.complete_many(leases[1:]) == [None] * (LINKS - 1)
 
 
-def _sockets_to(port: int) -> int:
+def _sockets_to(port: int) -> set[str]:
     """This process's TCP sockets whose remote end is ``port`` on loopback, not yet closed."""
     inodes: dict[str, int] = {}
     for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
@@ -177,31 +177,32 @@ def _sockets_to(port: int) -> int:
                     inodes[fields[9]] = remote_port
         except FileNotFoundError:
             continue
-    count = 0
+    found = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             continue
         if target.startswith("socket:[") and inodes.get(target[8:-1]) == port:
-            count += 1
-    return count
+            found.add(target)
+    return found
 
 
 def test_close_closes_every_link_and_ends_the_sdk_threads(servicebus_server: Any) -> None:
     name = servicebus_server.create_queue(lock_duration=LOCK)
-    gc.collect()  # sockets earlier tests left to the collector must not close mid-count
-    threads, sockets = threading.active_count(), _sockets_to(servicebus_server.port)
+    gc.collect()  # sockets earlier tests left to the collector: closed before, not during
+    # What this queue opens, by identity (an earlier test's socket or thread may end meanwhile).
+    threads, sockets = set(threading.enumerate()), _sockets_to(servicebus_server.port)
     q = _open(servicebus_server, name, receivers=LINKS)
     leases = _one_per_link(q)
     receivers = [link.receiver for link in _driver(q)._links.links]
     assert all(r is not None for r in receivers)
     # One connection per link, and the sender's.
-    assert _sockets_to(servicebus_server.port) == sockets + LINKS + 1
-    assert threading.active_count() > threads
+    assert len(_sockets_to(servicebus_server.port) - sockets) == LINKS + 1
+    assert set(threading.enumerate()) - threads
     q.close()
-    assert _sockets_to(servicebus_server.port) == sockets
-    assert threading.active_count() == threads
+    assert _sockets_to(servicebus_server.port) - sockets == set()
+    assert set(threading.enumerate()) - threads == set()
     assert all(r._handler is None and not r._running for r in receivers)
     assert all(link.receiver is None for link in _driver(q)._links.links)
     # The locks the closed links held are not settled: the messages come back.
