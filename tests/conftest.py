@@ -13,15 +13,17 @@ from pathlib import Path
 
 import pytest
 
+from leasekit.emulators._process import PORTS_ENV
+
 #: Ports for test servers: below the kernel's ephemeral ports (32768 up here), a
-#: range of its own for each parallel worker (see leasekit.emulators._process.PORTS_ENV).
+#: range of its own for each parallel worker.
 TEST_PORTS = (20000, 32000)
 _worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-if _worker.startswith("gw") and "LEASEKIT_TEST_PORTS" not in os.environ:
+if _worker.startswith("gw") and PORTS_ENV not in os.environ:
     _count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
     _span = (TEST_PORTS[1] - TEST_PORTS[0]) // _count
     _first = TEST_PORTS[0] + int(_worker[2:]) * _span
-    os.environ["LEASEKIT_TEST_PORTS"] = f"{_first}-{_first + _span - 1}"
+    os.environ[PORTS_ENV] = f"{_first}-{_first + _span - 1}"
 
 pytest_plugins = [
     *sorted(
