@@ -37,7 +37,7 @@ import warnings
 from pathlib import Path
 from types import TracebackType
 
-from ._process import LOOPBACK, ServerProcess, ServerStartError, free_port
+from ._process import LOOPBACK, ServerProcess, ServerStartError, free_port, launch_argv
 
 __all__ = ["LocalPostgres", "postgres_bin_dir"]
 
@@ -150,11 +150,10 @@ class LocalPostgres:
 
     def _run(self, argv: list[str]) -> None:
         subprocess.run(
-            argv,
+            launch_argv(argv, user=self._user),  # not subprocess's user=: see launch_argv
             check=True,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            user=self._user,
             cwd=self._root,
         )
 

@@ -25,6 +25,14 @@ if _worker.startswith("gw") and PORTS_ENV not in os.environ:
     _first = TEST_PORTS[0] + int(_worker[2:]) * _span
     os.environ[PORTS_ENV] = f"{_first}-{_first + _span - 1}"
 
+#: gRPC (grpcio 1.81 and later, grpc/grpc#43055) restarts its poller thread in a
+#: forked child, which aborts (code -6) on the epoll descriptor that
+#: ``subprocess``'s ``close_fds`` closes before ``exec``. leasekit's own launcher
+#: does not fork (``launch_argv``), but code it runs beside Pub/Sub's live channels
+#: does: PySpark starts its JVM with a ``preexec_fn``, a PostgreSQL test forks.
+#: gRPC's documented switch turns its fork handlers off (read when grpc loads).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 pytest_plugins = [
     *sorted(
         f"_fixtures.{path.stem}" for path in (Path(__file__).parent / "_fixtures").glob("[!_]*.py")

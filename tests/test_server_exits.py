@@ -1,17 +1,21 @@
-"""Test servers: a dead one is named in a failed test's report; workers never share a port."""
+"""Test servers: a dead one is named in a failed test's report; workers never share a port;
+starting one runs no fork handler and it dies with the process that started it."""
 
 from __future__ import annotations
 
 import itertools
+import os
 import socket
+import subprocess
 import sys
+import textwrap
 import time
 from dataclasses import dataclass
 
 import pytest
 from _fixtures.server_exits import dead_servers
 
-from leasekit.emulators._process import PORTS_ENV, ServerProcess, free_port
+from leasekit.emulators._process import PORTS_ENV, ServerProcess, free_port, launch_argv
 
 # Listens, says goodbye, exits with code 3 once a client has connected.
 SERVER = """
@@ -75,3 +79,86 @@ def test_a_bad_port_range_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, text
     monkeypatch.setenv(PORTS_ENV, text)
     with pytest.raises(ValueError, match=PORTS_ENV):
         free_port()
+
+
+#: Set while a test below watches for forks of this process.
+_forks_seen: list[int] | None = None
+
+
+def _count_fork() -> None:
+    if _forks_seen is not None:
+        _forks_seen.append(1)
+
+
+os.register_at_fork(before=_count_fork)  # once per process: it cannot be unregistered
+
+
+def test_starting_a_server_runs_no_fork_handler() -> None:
+    """A full fork runs every loaded library's fork handlers; gRPC's abort the child.
+
+    ``preexec_fn`` or ``user`` made ``subprocess`` fork this whole process, and
+    one server start in about 300 beside a live gRPC channel died with code -6
+    (grpc/grpc#43055). Without them it uses ``vfork``, which runs none: Python's
+    own ``before`` fork hook stands here for gRPC's ``pthread_atfork`` ones.
+    """
+    global _forks_seen
+    port = free_port()
+    _forks_seen = []
+    try:
+        subprocess.run(["true"], preexec_fn=lambda: None, check=True)  # the check can fail
+        assert _forks_seen == [1], "a preexec_fn forks and runs the fork hooks"
+        _forks_seen = []
+        argv = [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)]
+        with ServerProcess(argv, port, name="no-fork"):
+            pass
+        subprocess.run(launch_argv(["true"], user="root" if os.getuid() == 0 else None), check=True)
+        assert _forks_seen == []
+    finally:
+        _forks_seen = None
+
+
+def test_a_server_dies_with_the_process_that_started_it() -> None:
+    starter = textwrap.dedent(
+        """
+        import subprocess, sys, time
+        from leasekit.emulators._process import launch_argv
+        child = subprocess.Popen(launch_argv(["sleep", "60"]), start_new_session=True)
+        print(child.pid, flush=True)
+        time.sleep(60)
+        """
+    )
+    with subprocess.Popen([sys.executable, "-c", starter], stdout=subprocess.PIPE) as parent:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        deadline = time.monotonic() + 10
+        while _state(child) not in ("S", "R") or _comm(child) != "sleep":
+            assert time.monotonic() < deadline, "the launcher never became the server"
+            time.sleep(0.02)  # a poll with a deadline
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while _state(child) not in (None, "Z"):
+            assert time.monotonic() < deadline, "the server outlived the process that started it"
+            time.sleep(0.02)  # a poll with a deadline
+
+
+def test_a_missing_program_is_not_found_before_anything_starts() -> None:
+    with pytest.raises(FileNotFoundError, match="no-such-server"):
+        ServerProcess(["no-such-server"], free_port()).start()
+
+
+def _state(pid: int) -> str | None:
+    """The process's state letter in ``/proc`` (``None``: gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def _comm(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/comm") as comm:
+            return comm.read().strip()
+    except FileNotFoundError:
+        return None
