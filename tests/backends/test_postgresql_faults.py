@@ -214,11 +214,13 @@ def test_a_call_waiting_through_a_cut_reaches_the_server_as_soon_as_it_answers(
 ) -> None:
     """A send started in a cut gets through within a fraction of a second of its end.
 
-    The connection pool alone would reconnect at once, 1 s and 3 s after the cut
-    began: a cut ended 1.5 s in is noticed 1.5 s late. The driver makes its own
-    connection every 0.1 s while a caller waits, so the send's wait after the
-    cut is about that; and those connections are its own: at most ``pool_size``,
-    never given to the pool, all closed with the queue.
+    The connection pool alone would reconnect at once, 1 s and 3 s (each ±10 %)
+    after the cut began: a cut ended 1.3 s in is noticed at least 1.4 s late. The
+    driver makes its own connection every 0.1 s while a caller waits, so the
+    send's wait after the cut is about that (0.08-0.09 s alone here, 0.78 s once
+    in twelve workers on two cores, hence the bound of 1 s; 1.6-1.7 s with the
+    driver's own connections turned off); and those connections are its own: at
+    most ``pool_size``, never given to the pool, all closed with the queue.
     """
     proxy = fault_proxy(postgres_server.port)
     url = f"postgresql://postgres@{proxy.host}:{proxy.port}/postgres"
@@ -235,14 +237,14 @@ def test_a_call_waiting_through_a_cut_reaches_the_server_as_soon_as_it_answers(
         worker.start()
         # The connects made for the send are being refused: more than the pool's two.
         _wait_until(lambda: proxy.stats["resets"] >= resets + 4, 5, "connects refused in the cut")
-        _wait_until(lambda: time.monotonic() >= began + 1.5, 3, "1.5 s of the cut")
+        _wait_until(lambda: time.monotonic() >= began + 1.3, 3, "1.3 s of the cut")
         proxy.pass_()
         back = time.monotonic()
         worker.join(10)
         waited = time.monotonic() - back
         record_property("send_done_after_the_cut_s", round(waited, 3))
         assert outcome and isinstance(outcome[0], str), outcome
-        assert waited < 0.75, f"the send waited {waited:.2f} s after the cut ended"
+        assert waited < 1.0, f"the send waited {waited:.2f} s after the cut ended"
         assert shared.own <= 2
         bodies = sorted(lz.message.body for lz in direct.lease(2, duration=5))
         assert bodies == [b"through the cut", b"warm up: a connection is idle"]
