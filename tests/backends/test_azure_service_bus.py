@@ -611,6 +611,8 @@ def test_a_reset_loses_the_leases_of_that_connection_at_once(
     from leasekit.emulators.servicebus import connection_string
 
     lock = 5.0  # the keeper's first renewal comes about 3.5 s after the receive
+    # "At once": well before that renewal, with room for a worker starved of CPU.
+    at_once = 1.5
     proxy = fault_proxy(servicebus_server.port)
     name = servicebus_server.create_queue(lock_duration=lock)
     through = leasekit.open(
@@ -645,10 +647,10 @@ def test_a_reset_loses_the_leases_of_that_connection_at_once(
             while len(keeper_heard) < 3 and time.monotonic() < deadline:
                 time.sleep(0.01)
             assert keeper.stats.lost == 3 and set(keeper_heard) == {b"a", b"b", b"c"}
-            assert max(keeper_heard.values()) - reset < 0.5
+            assert max(keeper_heard.values()) - reset < at_once
         latest = max(lost_at.values()) - reset
         record_property("lost_after_reset_s", round(latest, 3))
-        assert latest < 0.5, f"lost {latest:.2f} s after the reset"
+        assert latest < at_once, f"lost {latest:.2f} s after the reset"
         for lease in leases:
             with pytest.raises(LeaseLost, match="connection"):
                 lease.complete()
