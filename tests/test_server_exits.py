@@ -3,8 +3,10 @@ starting one runs no fork handler and it dies with the process that started it."
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -118,6 +120,7 @@ def test_starting_a_server_runs_no_fork_handler() -> None:
 
 
 def test_a_server_dies_with_the_process_that_started_it() -> None:
+    """Killed without a chance to stop its servers, a process takes them with it."""
     starter = textwrap.dedent(
         """
         import subprocess, sys, time
@@ -130,16 +133,22 @@ def test_a_server_dies_with_the_process_that_started_it() -> None:
     with subprocess.Popen([sys.executable, "-c", starter], stdout=subprocess.PIPE) as parent:
         assert parent.stdout is not None
         child = int(parent.stdout.readline())
-        deadline = time.monotonic() + 10
-        while _state(child) not in ("S", "R") or _comm(child) != "sleep":
-            assert time.monotonic() < deadline, "the launcher never became the server"
-            time.sleep(0.02)  # a poll with a deadline
-        parent.kill()
-        parent.wait()
-        deadline = time.monotonic() + 10
-        while _state(child) not in (None, "Z"):
-            assert time.monotonic() < deadline, "the server outlived the process that started it"
-            time.sleep(0.02)  # a poll with a deadline
+        try:
+            deadline = time.monotonic() + 10
+            while _comm(child) != "sleep":
+                assert time.monotonic() < deadline, "the launcher never became the server"
+                time.sleep(0.02)  # a poll with a deadline
+            parent.kill()
+            parent.wait()
+            deadline = time.monotonic() + 10
+            while _state(child) not in (None, "Z"):
+                assert time.monotonic() < deadline, "the server outlived its starter"
+                time.sleep(0.02)  # a poll with a deadline
+        finally:
+            parent.kill()
+            if _comm(child) == "sleep":  # the test failed: do not leave it behind
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGKILL)
 
 
 def test_a_missing_program_is_not_found_before_anything_starts() -> None:
@@ -152,11 +161,12 @@ def _state(pid: int) -> str | None:
     try:
         with open(f"/proc/{pid}/stat") as stat:
             return stat.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
+    except FileNotFoundError:
         return None
 
 
 def _comm(pid: int) -> str | None:
+    """The process's command name in ``/proc`` (``None``: gone)."""
     try:
         with open(f"/proc/{pid}/comm") as comm:
             return comm.read().strip()
